@@ -1,0 +1,33 @@
+# The two commands a newcomer runs: `make bench` and `make test`. Each installs what it needs
+# into .venv. On a machine without a CUDA GPU, torch is pinned to a CPU build (TORCH_PIN) so the
+# install stays small; set TORCH_PIN= to let pip choose.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_PIN ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install bench test check clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	if [ -n "$(TORCH_PIN)" ] && ! $(PY) -c "import torch" 2>/dev/null; then $(PY) -m pip install -q "$(TORCH_PIN)"; fi
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# The main job: the default sweep (sweeps/quick.yaml on a GPU, sweeps/cpu.yaml on the interpreter).
+bench: install
+	$(PY) -m moebench sweep
+
+test: install
+	$(PY) -m pytest -q
+
+check: install
+	$(PY) -m ruff check moebench tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from moebench.cli import main
+
+main()

@@ -1,0 +1,258 @@
+"""The command line: thin commands that parse options and call library functions.
+
+Errors a user can cause print one line on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from moebench import __version__
+from moebench.errors import UserError
+
+FORMATS = ("table", "csv", "json")
+SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
+_err = Console(stderr=True)
+
+
+def _default_spec() -> Path:
+    """sweeps/quick.yaml on a GPU; the tiny CPU sweep on the Triton interpreter otherwise."""
+    from moebench._interpret import interpreting
+
+    return SWEEPS_DIR / ("cpu.yaml" if interpreting() else "quick.yaml")
+
+
+def _emit(text: str | None) -> None:
+    if text is not None:
+        click.echo(text.rstrip("\n"))
+
+
+def _print_tables(meta: dict, df, fmt: str, out: Console) -> None:
+    from moebench import report
+
+    caption = report.interpreter_caption(df)
+    through = report.throughput_table(df)
+    ttft = report.ttft_table(df)
+    if fmt == "table":
+        if caption:
+            out.print(f"[bold yellow]{caption}[/]")
+        report.render(through, "table", "Throughput (MoE layer)", console=out)
+        report.render(ttft, "table", "MoE share of time-to-first-token", console=out)
+        bad = df[df["status"] != "ok"]
+        for _, r in bad.iterrows():
+            out.print(f"[yellow]{r['status']}[/]: {r['model']} {r['dtype']} M={r['M']} {r['path']}: {r['error']}")
+    elif fmt == "csv":
+        _emit(report.render(through, "csv", "throughput"))
+        click.echo()
+        _emit(report.render(ttft, "csv", "ttft"))
+    else:
+        import json
+
+        click.echo(json.dumps({"throughput": json.loads(report.render(through, "json", "throughput")),
+                               "ttft": json.loads(report.render(ttft, "json", "ttft"))}, indent=2))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="moebench")
+def cli() -> None:
+    """Benchmark and autotune fused Mixture-of-Experts kernels on Hopper GPUs."""
+
+
+@cli.command()
+@click.argument("spec", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--model", "models", multiple=True, help="Preset name(s), repeatable or comma list (see `moebench models`).")
+@click.option("--hf-config", "hf_configs", multiple=True, type=click.Path(path_type=Path),
+              help="A Hugging Face config.json (or its folder); repeatable.")
+@click.option("--experts", type=int, help="Explicit shape: routed experts (with --hidden, --intermediate, --topk).")
+@click.option("--hidden", type=int, help="Explicit shape: hidden size.")
+@click.option("--intermediate", type=int, help="Explicit shape: per-expert intermediate size.")
+@click.option("--topk", default=None, help="Top-k, comma list; overrides the models' own.")
+@click.option("--m", "ms", default=None, help="Token counts, comma list. [default: 1,16,128,1024,4096]")
+@click.option("--dtype", "dtypes", default=None, help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128; comma list.")
+@click.option("--path", "paths", default=None, help="triton, cutlass, torch; comma list. [default: triton,cutlass]")
+@click.option("--routing", default=None, type=click.Choice(["uniform", "skewed"]), help="Expert load. [default: uniform]")
+@click.option("--seed", default=None, type=int, help="Input seed. [default: 0]")
+@click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree: divides the intermediate size.")
+@click.option("--ep", default=1, show_default=True, help="Expert-parallel degree: divides the experts.")
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+              help="Where the run folder is created.")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS),
+              help="Printed output.")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
+def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dtypes, paths, routing, seed, tp,
+          ep, out_dir, fmt, progress):
+    """Run a sweep from SPEC (a YAML file in sweeps/) or from flags, write a run folder, print tables.
+
+    With neither, runs sweeps/quick.yaml on a GPU, or sweeps/cpu.yaml (a tiny shape on
+    the Triton interpreter: correctness only, CPU timings are not GPU performance).
+    """
+    from moebench import spec as specs
+    from moebench.results import load_run
+    from moebench.runner import run_sweep
+
+    shape_flags = (experts, hidden, intermediate)
+    flags_given = models or hf_configs or any(v is not None for v in shape_flags)
+    if spec and flags_given:
+        raise UserError("give either a SPEC file or --model/--hf-config/shape flags, not both")
+    if spec or not flags_given:
+        path = spec or _default_spec()
+        plan = specs.load_spec(path)
+        plan = _override(plan, ms, dtypes, paths, routing, seed)
+    else:
+        shapes = ()
+        if any(v is not None for v in shape_flags):
+            if None in shape_flags or topk is None:
+                raise UserError("an explicit shape needs --experts, --hidden, --intermediate and --topk")
+            k = specs._int_list(topk, "--topk")
+            shapes = (specs.explicit_shape(experts, hidden, intermediate, k[0]),)
+            topk = None if len(k) == 1 else topk
+        plan = specs.build_spec(
+            name="sweep",
+            models=specs._str_list(models),
+            hf_configs=tuple(hf_configs),
+            shapes=shapes,
+            ms=specs._int_list(ms or "1,16,128,1024,4096", "--m"),
+            topks=specs._int_list(topk, "--topk") if topk else (),
+            dtypes=specs._str_list(dtypes) or ("bf16",),
+            paths=specs._str_list(paths) or ("triton", "cutlass"),
+            routing=routing or "uniform",
+            seed=seed or 0,
+            tp=tp,
+            ep=ep,
+        )
+    out = Console()
+    from moebench._interpret import interpreting
+
+    if interpreting():
+        _err.print("[yellow]No CUDA GPU: running on the Triton interpreter. "
+                   "CPU timings check correctness only; they are not GPU performance.[/]")
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=_err, disable=not progress, transient=False)
+    with bar:
+        task = bar.add_task("measuring ceilings" if not interpreting() else "sweeping", total=None)
+
+        def started(n: int) -> None:
+            bar.update(task, total=n, description=f"sweep {plan.name}")
+
+        def advanced(row: dict) -> None:
+            bar.update(task, advance=1, description=f"{row['model']} {row['dtype']} M={row['M']} {row['path']}")
+
+        run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started)
+    meta, df = load_run(run_dir)
+    _print_tables(meta, df, fmt, out)
+    _err.print(f"run folder: {run_dir}")
+
+
+def _override(plan, ms, dtypes, paths, routing, seed):
+    """Flags given with a spec file override its lists."""
+    from dataclasses import replace
+
+    from moebench import spec as specs
+
+    changes = {}
+    if ms:
+        changes["ms"] = specs._int_list(ms, "--m")
+    if dtypes:
+        changes["dtypes"] = specs._str_list(dtypes)
+    if paths:
+        changes["paths"] = specs._str_list(paths)
+    if routing:
+        changes["routing"] = routing
+    if seed is not None:
+        changes["seed"] = seed
+    return replace(plan, **changes) if changes else plan
+
+
+@cli.command()
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+def report(run, fmt):
+    """Print the throughput and TTFT tables of a run folder."""
+    from moebench.results import load_run, schema_warning
+
+    meta, df = load_run(run)
+    if w := schema_warning(meta, str(run)):
+        _err.print(w)
+    _print_tables(meta, df, fmt, Console())
+
+
+@cli.command()
+@click.argument("base", type=click.Path(path_type=Path))
+@click.argument("new", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@click.option("--threshold", default=0.03, show_default=True,
+              help="Smallest relative change called FASTER/SLOWER, whatever the measured noise.")
+@click.option("--fail-on-slower", is_flag=True, help="Exit 1 when any point is SLOWER (a CI regression gate).")
+def compare(base, new, fmt, threshold, fail_on_slower):
+    """Compare two run folders point by point: SAME / FASTER / SLOWER against the noise of both."""
+    from moebench import compare as cmp
+    from moebench import report as rep
+    from moebench.results import load_run, schema_warning
+
+    base_meta, base_df = load_run(base)
+    new_meta, new_df = load_run(new)
+    for meta, where in ((base_meta, base), (new_meta, new)):
+        if w := schema_warning(meta, str(where)):
+            _err.print(w)
+    if w := cmp.device_mismatch(base_df, new_df):
+        _err.print(f"warning: {w}")
+    table = cmp.compare_runs(base_df, new_df, min_threshold=threshold)
+    if fmt == "table":
+        rep.render(table, "table", f"{base} -> {new}", console=Console())
+        only = cmp.unmatched(base_df, new_df)
+        if len(only):
+            _err.print(f"{len(only)} point(s) present in one run only")
+    else:
+        _emit(rep.render(table, fmt, "compare"))
+    slower = cmp.count_slower(table)
+    if fail_on_slower and slower:
+        _err.print(f"{slower} point(s) SLOWER")
+        sys.exit(1)
+
+
+@cli.command("export-configs")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", default=Path("configs"), show_default=True, type=click.Path(path_type=Path))
+@click.option("--layout", default="vllm", show_default=True, type=click.Choice(["vllm", "sglang"]))
+def export_configs(run, out_dir, layout):
+    """Write a run's best triton tile config per (shape, dtype, M) as vLLM/SGLang JSON files."""
+    from moebench import configs
+    from moebench.results import load_run
+
+    meta, df = load_run(run)
+    if df["interpreter"].fillna(False).astype(bool).any():
+        raise UserError(f"{run} is an interpreter (CPU) run: its timings cannot choose GPU tile configs")
+    tables = configs.best_configs(df)
+    if not tables:
+        raise UserError(f"{run} has no correct triton rows with a tile config to export")
+    for p in configs.write_tables(tables, out_dir, layout=layout):
+        click.echo(str(p))
+
+
+@cli.command()
+def models():
+    """List the model presets."""
+    from moebench.models import PRESETS
+
+    for name, s in PRESETS.items():
+        click.echo(f"{name:18} experts={s.experts:<4} hidden={s.hidden:<5} intermediate={s.intermediate:<6} "
+                   f"topk={s.topk} moe_layers={s.moe_layers}")
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except UserError as e:
+        _err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        _err.print("aborted")
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)

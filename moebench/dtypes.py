@@ -1,0 +1,71 @@
+"""Dtype names used everywhere (CLI, specs, rows) and the one tolerance table.
+
+A *dtype name* says how the expert weights and activations are stored:
+
+- ``bf16``, ``fp16``, ``fp32``: plain floating point (``fp16``/``fp32`` exist so
+  that CPU runs under the Triton interpreter, whose bf16 ``tl.dot`` is wrong,
+  can still check the kernels' logic);
+- ``fp8-tensor``: e4m3 weights with one scale per expert tensor;
+- ``fp8-channel``: e4m3 weights with one scale per output channel, per-token
+  activation scales;
+- ``fp8-block128``: e4m3 weights with one scale per 128x128 block, 1x128
+  activation groups (DeepSeek-V3 style).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moebench.errors import UserError
+
+
+@dataclass(frozen=True)
+class DtypeSpec:
+    name: str
+    weight: torch.dtype  # storage dtype of w13 / w2
+    act: torch.dtype  # dtype of the activations x and the output
+    fp8_scheme: str | None  # None, "tensor", "channel" or "block128"
+    rtol: float  # bound on ||out - ref|| / ||ref|| against the float32 reference
+    vllm_suffix: str  # the ",dtype=..." part of vLLM's config file names
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.fp8_scheme is not None
+
+    @property
+    def weight_bytes(self) -> int:
+        return torch.empty((), dtype=self.weight).element_size()
+
+    @property
+    def act_bytes(self) -> int:
+        return torch.empty((), dtype=self.act).element_size()
+
+
+FP8 = torch.float8_e4m3fn
+
+# Relative Frobenius error bounds. bf16 rounds the [T, I] intermediate and the
+# output to 8 mantissa bits (~4e-3 each); e4m3 activations carry 3 bits (~3e-2
+# per GEMM on random data); fp32 dots may run as tf32 on the GPU (~3e-4).
+DTYPES: dict[str, DtypeSpec] = {
+    d.name: d
+    for d in (
+        DtypeSpec("bf16", torch.bfloat16, torch.bfloat16, None, 2e-2, ""),
+        DtypeSpec("fp16", torch.float16, torch.float16, None, 5e-3, ""),
+        DtypeSpec("fp32", torch.float32, torch.float32, None, 2e-3, ""),
+        DtypeSpec("fp8-tensor", FP8, torch.bfloat16, "tensor", 8e-2, ",dtype=fp8_w8a8"),
+        DtypeSpec("fp8-channel", FP8, torch.bfloat16, "channel", 8e-2, ",dtype=fp8_w8a8"),
+        DtypeSpec(
+            "fp8-block128", FP8, torch.bfloat16, "block128", 8e-2,
+            ",dtype=fp8_w8a8,block_shape=[128,128]",
+        ),
+    )
+}
+
+
+def get_dtype(name: str) -> DtypeSpec:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise UserError(f"unknown dtype {name!r}; known: {', '.join(DTYPES)}") from None

@@ -1,0 +1,1 @@
+"""moebench's own Triton kernels."""

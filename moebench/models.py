@@ -1,0 +1,291 @@
+"""MoE layer shapes: published presets, Hugging Face config.json reader, TP/EP sharding.
+
+A :class:`MoEShape` is what one GPU holds of one MoE layer, the numbers a fused
+MoE kernel is benchmarked on::
+
+    x    [M, hidden]                      # M tokens (routed to this GPU)
+    w13  [experts, 2 * intermediate, hidden]   # gate and up projections, fused
+    w2   [experts, hidden, intermediate]       # down projection
+    topk_ids, topk_weights [M, topk]
+
+Shared experts are recorded for information only: they are a dense MLP run
+beside the routed experts, not part of the fused MoE kernel.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from moebench.errors import UserError
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    name: str  # e.g. "mixtral-8x7b" or "deepseek-v3@tp8"
+    experts: int  # E: routed experts held on this GPU
+    hidden: int  # model hidden size (K of the first expert GEMM)
+    intermediate: int  # per-expert intermediate size I on this GPU
+    topk: int  # experts per token
+    moe_layers: int = 1  # MoE layers in the model (dense layers excluded)
+    shared_experts: int = 0  # published always-on shared experts (informational; not benchmarked)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise UserError(f"model shape name must be a non-empty string, got {self.name!r}")
+        for f in fields(self):
+            if f.name == "name":
+                continue
+            value = getattr(self, f.name)
+            least = 0 if f.name == "shared_experts" else 1
+            if not _is_int(value) or value < least:
+                need = "a non-negative integer" if least == 0 else "a positive integer"
+                raise UserError(f"model {self.name}: {f.name} must be {need}, got {value!r}")
+        if self.topk > self.experts:
+            raise UserError(
+                f"model {self.name}: topk ({self.topk}) must be <= experts ({self.experts})"
+            )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# The facts below are the fields of each model's config.json on Hugging Face
+# (checked against copies in vLLM/SGLang/transformers-based code). The MoE
+# layer count is num_hidden_layers minus the dense layers.
+PRESETS: dict[str, MoEShape] = {
+    s.name: s
+    for s in (
+        # mistralai/Mixtral-8x7B-v0.1: hidden_size 4096, intermediate_size 14336, num_local_experts 8,
+        # num_experts_per_tok 2, num_hidden_layers 32 (all MoE)
+        MoEShape("mixtral-8x7b", experts=8, hidden=4096, intermediate=14336, topk=2, moe_layers=32),
+        # deepseek-ai/DeepSeek-V3: hidden_size 7168, moe_intermediate_size 2048, n_routed_experts 256,
+        # num_experts_per_tok 8, num_hidden_layers 61, first_k_dense_replace 3, moe_layer_freq 1,
+        # n_shared_experts 1
+        MoEShape("deepseek-v3", experts=256, hidden=7168, intermediate=2048, topk=8, moe_layers=58,
+                 shared_experts=1),
+        # Qwen/Qwen3-30B-A3B: hidden_size 2048, moe_intermediate_size 768, num_experts 128,
+        # num_experts_per_tok 8, num_hidden_layers 48, decoder_sparse_step 1, mlp_only_layers []
+        MoEShape("qwen3-30b-a3b", experts=128, hidden=2048, intermediate=768, topk=8, moe_layers=48),
+        # Qwen/Qwen3-235B-A22B: hidden_size 4096, moe_intermediate_size 1536, num_experts 128,
+        # num_experts_per_tok 8, num_hidden_layers 94, decoder_sparse_step 1, mlp_only_layers []
+        MoEShape("qwen3-235b-a22b", experts=128, hidden=4096, intermediate=1536, topk=8, moe_layers=94),
+        # openai/gpt-oss-120b: hidden_size 2880, intermediate_size 2880, num_local_experts 128,
+        # experts_per_token 4, num_hidden_layers 36 (all MoE)
+        MoEShape("gpt-oss-120b", experts=128, hidden=2880, intermediate=2880, topk=4, moe_layers=36),
+        # openai/gpt-oss-20b: hidden_size 2880, intermediate_size 2880, num_local_experts 32,
+        # experts_per_token 4, num_hidden_layers 24 (all MoE)
+        MoEShape("gpt-oss-20b", experts=32, hidden=2880, intermediate=2880, topk=4, moe_layers=24),
+        # meta-llama/Llama-4-Scout-17B-16E text_config: hidden_size 5120, intermediate_size 8192,
+        # num_local_experts 16, num_experts_per_tok 1, num_hidden_layers 48, interleave_moe_layer_step 1;
+        # each Llama-4 MoE layer has one shared expert
+        MoEShape("llama-4-scout", experts=16, hidden=5120, intermediate=8192, topk=1, moe_layers=48,
+                 shared_experts=1),
+        # moonshotai/Kimi-K2-Instruct: hidden_size 7168, moe_intermediate_size 2048, n_routed_experts 384,
+        # num_experts_per_tok 8, num_hidden_layers 61, first_k_dense_replace 1, n_shared_experts 1
+        MoEShape("kimi-k2", experts=384, hidden=7168, intermediate=2048, topk=8, moe_layers=60,
+                 shared_experts=1),
+        # made up: small enough for the Triton interpreter on a CPU
+        MoEShape("tiny", experts=8, hidden=128, intermediate=64, topk=2, moe_layers=2),
+    )
+}
+
+# Other spellings people type, after lower-casing, dropping an "org/" prefix and mapping "_" to "-".
+ALIASES: dict[str, str] = {
+    "mixtral": "mixtral-8x7b",
+    "mixtral-8x7b-v0.1": "mixtral-8x7b",
+    "mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
+    "dsv3": "deepseek-v3",
+    "deepseek-v3-base": "deepseek-v3",
+    "deepseek-v3-0324": "deepseek-v3",
+    "deepseek-r1": "deepseek-v3",  # same MoE shape as V3 (its config.json has the same fields)
+    "qwen3-30b": "qwen3-30b-a3b",
+    "qwen3-235b": "qwen3-235b-a22b",
+    "gptoss-120b": "gpt-oss-120b",
+    "gptoss-20b": "gpt-oss-20b",
+    "llama4-scout": "llama-4-scout",
+    "scout": "llama-4-scout",
+    "llama-4-scout-17b-16e": "llama-4-scout",
+    "llama-4-scout-17b-16e-instruct": "llama-4-scout",
+    "kimi-k2-instruct": "kimi-k2",
+    "kimi-k2-base": "kimi-k2",
+    "kimi-k2-instruct-0905": "kimi-k2",
+}
+
+
+def model_names() -> list[str]:
+    """The canonical preset names, in table order."""
+    return list(PRESETS)
+
+
+def get_model(name: str) -> MoEShape:
+    """The preset called ``name`` (case-insensitive; aliases and ``org/`` prefixes accepted)."""
+    key = name.strip().lower().rsplit("/", 1)[-1].replace("_", "-")
+    key = ALIASES.get(key, key)
+    if key not in PRESETS:
+        raise UserError(f"unknown model {name!r}; known models: {', '.join(model_names())}")
+    return PRESETS[key]
+
+
+# Field spellings by family, first found wins.
+# Mixtral/gpt-oss/Llama-4, DeepSeek/Kimi, Qwen
+_EXPERT_FIELDS = ("num_local_experts", "n_routed_experts", "num_experts")
+_TOPK_FIELDS = ("num_experts_per_tok", "experts_per_token")  # everyone, gpt-oss's own spelling
+_INTERMEDIATE_FIELDS = ("moe_intermediate_size", "intermediate_size")  # routed expert size first
+
+
+def from_hf_config(path: str | Path) -> MoEShape:
+    """The MoE shape described by a Hugging Face ``config.json`` (the file, or a directory holding it)."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "config.json"
+    if not file.is_file():
+        raise UserError(f"{file}: no such file; pass a Hugging Face config.json or a directory holding one")
+    try:
+        raw = file.read_bytes()
+    except OSError as e:
+        raise UserError(f"{file}: cannot read it ({e.strerror or e})") from None
+    try:
+        outer = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(outer, dict):
+        raise UserError(f"{file}: expected a JSON object, got {type(outer).__name__}")
+    # Llama-4 (and other multimodal configs) nest the language model under text_config.
+    nested = outer.get("text_config")
+    cfg: dict[str, Any] = {**outer, **nested} if isinstance(nested, dict) else outer
+
+    experts = _first(cfg, _EXPERT_FIELDS, file)
+    topk = _first(cfg, _TOPK_FIELDS, file)
+    if not experts or not topk:
+        raise UserError(
+            f"{file}: not a MoE config: looked for routed experts in {'/'.join(_EXPERT_FIELDS)} "
+            f"and experts per token in {'/'.join(_TOPK_FIELDS)}"
+        )
+    intermediate = _first(cfg, _INTERMEDIATE_FIELDS, file)
+    hidden = _require(cfg, "hidden_size", file)
+    layers = _require(cfg, "num_hidden_layers", file)
+    if intermediate is None:
+        raise UserError(f"{file}: MoE config without {' or '.join(_INTERMEDIATE_FIELDS)}")
+
+    moe_layers = _count_moe_layers(cfg, layers, file)
+    if moe_layers == 0:
+        raise UserError(f"{file}: the layer pattern leaves no MoE layer out of {layers}")
+    shared = _shared_experts(outer, cfg, file)
+    name = _config_name(outer, file)
+    try:
+        return MoEShape(name, experts, hidden, intermediate, topk, moe_layers, shared)
+    except UserError as e:  # e.g. topk > experts: say which file it came from
+        raise UserError(f"{file}: {e}") from None
+
+
+def _first(cfg: dict[str, Any], names: tuple[str, ...], file: Path) -> int | None:
+    """The value of the first of ``names`` that the config sets to non-null, else None."""
+    for n in names:
+        if cfg.get(n) is not None:
+            return _int_field(cfg, n, file)
+    return None
+
+
+def _require(cfg: dict[str, Any], name: str, file: Path) -> int:
+    if cfg.get(name) is None:
+        raise UserError(f"{file}: MoE config without {name}")
+    return _int_field(cfg, name, file)
+
+
+def _int_field(cfg: dict[str, Any], name: str, file: Path) -> int:
+    value = cfg[name]
+    if not _is_int(value) or value < 0:
+        raise UserError(f"{file}: {name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _count_moe_layers(cfg: dict[str, Any], layers: int, file: Path) -> int:
+    """How many of the ``layers`` decoder layers are MoE layers, by each family's rule.
+
+    Llama-4: an explicit ``moe_layers`` list, else every ``interleave_moe_layer_step``-th layer
+    (layers // step). DeepSeek/Kimi: layer i >= ``first_k_dense_replace`` with
+    i % ``moe_layer_freq`` == 0. Qwen-MoE: (i + 1) % ``decoder_sparse_step`` == 0 and i not in
+    ``mlp_only_layers``. A family's fields are absent elsewhere, so their defaults leave every layer MoE.
+    """
+    listed = cfg.get("moe_layers")
+    if isinstance(listed, list):
+        return len({i for i in listed if _is_int(i) and 0 <= i < layers})
+    first_dense = _int_or(cfg, "first_k_dense_replace", 0, file)
+    freq = _int_or(cfg, "moe_layer_freq", 1, file)
+    step = _int_or(cfg, "decoder_sparse_step", 1, file) * _int_or(cfg, "interleave_moe_layer_step", 1, file)
+    mlp_only = cfg.get("mlp_only_layers") or []
+    if not isinstance(mlp_only, list):
+        raise UserError(f"{file}: mlp_only_layers must be a list of layer indices, got {mlp_only!r}")
+    if freq < 1 or step < 1:
+        raise UserError(
+            f"{file}: moe_layer_freq, decoder_sparse_step and interleave_moe_layer_step must be >= 1"
+        )
+    return sum(
+        1
+        for i in range(layers)
+        if i >= first_dense and i % freq == 0 and (i + 1) % step == 0 and i not in mlp_only
+    )
+
+
+def _int_or(cfg: dict[str, Any], name: str, default: int, file: Path) -> int:
+    return default if cfg.get(name) is None else _int_field(cfg, name, file)
+
+
+def _shared_experts(outer: dict[str, Any], cfg: dict[str, Any], file: Path) -> int:
+    if cfg.get("n_shared_experts") is not None:  # DeepSeek V2/V3, Kimi-K2
+        return _int_field(cfg, "n_shared_experts", file)
+    if cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of that size
+        return 1
+    model_types = {str(outer.get("model_type", "")), str(cfg.get("model_type", ""))}
+    if any(t.startswith("llama4") for t in model_types) or "interleave_moe_layer_step" in cfg:
+        return 1  # every Llama-4 MoE layer has one shared expert; the config has no count for it
+    return 0
+
+
+def _config_name(outer: dict[str, Any], file: Path) -> str:
+    """``_name_or_path``'s last part, else the directory's name (or the repo of an HF cache
+    snapshot), else ``model_type``; lower-cased."""
+    given = outer.get("_name_or_path")
+    if isinstance(given, str) and given.strip("/ "):
+        return given.strip("/ ").rsplit("/", 1)[-1].lower()
+    parent = file.resolve().parent
+    # ~/.cache/huggingface/hub/models--Org--Name/snapshots/<hash>/config.json
+    if parent.parent.name == "snapshots" and parent.parent.parent.name.startswith("models--"):
+        return parent.parent.parent.name.rsplit("--", 1)[-1].lower()
+    if parent.name:
+        return parent.name.lower()
+    return str(outer.get("model_type") or "model").lower()
+
+
+def shard(shape: MoEShape, tp: int = 1, ep: int = 1) -> MoEShape:
+    """What one GPU holds of ``shape`` under vLLM's tensor (``tp``) and expert (``ep``) parallelism.
+
+    ``--tp N`` splits every expert's intermediate dimension N ways (w13 [E, 2I/N, hidden],
+    w2 [E, hidden, I/N]); ``--ep N`` gives each GPU E/N whole experts. Under EP each token still
+    picks ``topk`` experts from all of them, so the local kernel sees only the tokens dispatched to
+    this GPU's experts: M then counts those tokens, and topk is capped at the local expert count.
+    """
+    for flag, n in (("--tp", tp), ("--ep", ep)):
+        if not _is_int(n) or n < 1:
+            raise UserError(f"{flag} must be a positive integer, got {n!r}")
+    if tp == 1 and ep == 1:
+        return shape
+    if shape.intermediate % tp:
+        raise UserError(
+            f"{shape.name}: intermediate size {shape.intermediate} is not divisible by --tp {tp}"
+        )
+    if shape.experts % ep:
+        raise UserError(f"{shape.name}: {shape.experts} experts are not divisible by --ep {ep}")
+    experts = shape.experts // ep
+    suffix = (f"tp{tp}" if tp > 1 else "") + (f"ep{ep}" if ep > 1 else "")
+    return replace(
+        shape,
+        name=f"{shape.name}@{suffix}",
+        experts=experts,
+        intermediate=shape.intermediate // tp,
+        topk=min(shape.topk, experts),
+    )

@@ -1,0 +1,81 @@
+"""The interface every implementation of the whole MoE layer follows, and the registry.
+
+A path is one small object: it says which problems it can run (``supports``
+returns the reason when it cannot) and turns inputs into a closure that
+writes the layer output into a given tensor. The closure must not
+synchronize with the host when ``graph_safe`` is true: the timer captures it
+in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from moebench.errors import UserError
+from moebench.problem import MoEInputs, Problem
+from moebench.tile import TileConfig
+
+RunFn = Callable[[torch.Tensor], None]  # writes out [M, hidden]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a path would run: the device, and what matters about it."""
+
+    device: torch.device
+    interpreter: bool  # Triton kernels run on the CPU interpreter
+    capability: tuple[int, int] | None  # CUDA compute capability, None on CPU
+
+    @classmethod
+    def current(cls) -> Target:
+        from moebench._interpret import interpreting
+
+        if torch.cuda.is_available():
+            return cls(torch.device("cuda"), interpreting(), torch.cuda.get_device_capability())
+        return cls(torch.device("cpu"), True, None)
+
+    @property
+    def is_sm90(self) -> bool:
+        return self.capability == (9, 0)
+
+
+class MoEPath(Protocol):
+    name: str
+    baseline: bool  # the path others are compared against
+    tunable: bool  # takes a TileConfig
+    graph_safe: bool  # the closure can be captured in a CUDA graph
+
+    def supports(self, problem: Problem, target: Target) -> str | None:
+        """None if the path can run ``problem`` on ``target``, else the reason it cannot."""
+
+    def prepare(self, inputs: MoEInputs, problem: Problem, config: TileConfig | None) -> RunFn:
+        """Do untimed set-up (layouts, scales) and return the timed closure."""
+
+
+_REGISTRY: dict[str, MoEPath] = {}
+
+
+def register(path: MoEPath) -> MoEPath:
+    _REGISTRY[path.name] = path
+    return path
+
+
+def get_path(name: str) -> MoEPath:
+    _load_builtin()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UserError(f"unknown path {name!r}; known: {', '.join(path_names())}") from None
+
+
+def path_names() -> list[str]:
+    _load_builtin()
+    return list(_REGISTRY)
+
+
+def _load_builtin() -> None:
+    # Explicit imports, in one place, instead of registration by import side effects elsewhere.
+    from moebench.paths import cutlass_path, torch_ref, triton_path  # noqa: F401

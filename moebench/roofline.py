@@ -1,0 +1,73 @@
+"""Ceilings measured in each GPU run, and the roofline floor of a problem.
+
+The floor is the larger of (bytes the layer must move) / (copy bandwidth) and
+FLOPs / (dense matmul rate of its dtype). Ceilings are measured, never
+hard-coded: copy bandwidth counts bytes read plus bytes written; the matmul
+rates come from 8192^3 products on random data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from moebench.problem import Problem
+from moebench.timing import time_graph
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    copy_gbps: float  # device-to-device copy, (read + write) bytes / s / 1e9
+    bf16_tflops: float  # dense bf16 matmul
+    fp8_tflops: float  # dense fp8 e4m3 matmul (torch._scaled_mm), 0 where unsupported
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def matmul_tflops(self, dtype: str) -> float:
+        return self.fp8_tflops if dtype.startswith("fp8") and self.fp8_tflops > 0 else self.bf16_tflops
+
+
+def measure_ceilings(size: int = 8192, copy_bytes: int = 2 << 30) -> Ceilings:
+    """Measure copy bandwidth and bf16/fp8 matmul rates on the current GPU (a few seconds)."""
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    src = torch.randn(copy_bytes // 2, device="cuda", dtype=torch.bfloat16, generator=gen)
+    dst = torch.empty_like(src)
+    t = time_graph(lambda: dst.copy_(src), min_reps=10, max_reps=30)
+    copy_gbps = 2 * copy_bytes / (t.median_us * 1e-6) / 1e9
+    del src, dst
+
+    flops = 2 * size**3
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=gen)
+    c = torch.empty_like(a)
+    t = time_graph(lambda: torch.mm(a, b, out=c), min_reps=10, max_reps=30)
+    bf16_tflops = flops / (t.median_us * 1e-6) / 1e12
+
+    fp8_tflops = 0.0
+    try:
+        a8 = a.to(torch.float8_e4m3fn)
+        b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()  # column-major, as _scaled_mm wants
+        one = torch.ones((), device="cuda", dtype=torch.float32)
+        t = time_graph(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16),
+                       min_reps=10, max_reps=30)
+        fp8_tflops = flops / (t.median_us * 1e-6) / 1e12
+    except RuntimeError:  # no fp8 tensor cores (pre-sm89)
+        pass
+    return Ceilings(copy_gbps, bf16_tflops, fp8_tflops)
+
+
+@dataclass(frozen=True)
+class Floor:
+    floor_us: float
+    bound: str  # "memory" or "compute"
+    bytes: int
+    flops: int
+
+
+def floor(problem: Problem, experts_touched: int, ceilings: Ceilings) -> Floor:
+    nbytes = problem.min_bytes(experts_touched)
+    mem_us = nbytes / (ceilings.copy_gbps * 1e9) * 1e6
+    cmp_us = problem.flops / (ceilings.matmul_tflops(problem.dtype) * 1e12) * 1e6
+    return Floor(max(mem_us, cmp_us), "memory" if mem_us >= cmp_us else "compute", nbytes, problem.flops)

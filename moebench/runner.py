@@ -1,0 +1,164 @@
+"""The executor: run a sweep's plan point by point on this machine and write the rows.
+
+For each (shape, dtype) the weights are built once; for each M the routed
+activations are drawn; for each path the point is first checked against the
+float32 reference on a fresh, independent draw (output poisoned with NaN
+first), and only a correct point is timed. Rows are appended as they finish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import groupby
+from pathlib import Path
+from typing import Callable
+
+import torch
+import triton
+
+from moebench.errors import UserError
+from moebench.environment import describe, device_name
+from moebench.paths import Target, get_path
+from moebench.paths.torch_ref import moe_reference
+from moebench.problem import MoEInputs, Problem, make_inputs, make_weights
+from moebench.results import RunWriter, new_run_dir
+from moebench.roofline import Ceilings, floor, measure_ceilings
+from moebench.spec import SweepSpec
+from moebench.timing import GRAPH, Timing, time_eager, time_graph, time_wallclock
+
+# Failures of a GPU-side kind that become a row, not a crash: out of resources,
+# compile errors, and what CUDA or PyTorch report as RuntimeError.
+_GPU_ERRORS = (RuntimeError, triton.runtime.errors.OutOfResources, triton.CompilationError)
+
+
+@dataclass(frozen=True)
+class Check:
+    correct: bool
+    rel_err: float
+
+
+def check_point(path, problem: Problem, inputs: MoEInputs) -> Check:
+    """Run ``path`` once on ``inputs`` into a NaN-poisoned output and compare with the fp32 reference."""
+    spec = problem.spec
+    out = torch.full((problem.M, problem.shape.hidden), float("nan"), device=inputs.x.device, dtype=spec.act)
+    path.prepare(inputs, problem, None if not path.tunable else path.default_config(problem))(out)
+    ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids)
+    if not torch.isfinite(out).all():
+        return Check(False, float("inf"))
+    rel = (torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
+    return Check(rel <= spec.rtol, rel)
+
+
+def time_point(path, problem: Problem, inputs: MoEInputs, target: Target) -> Timing:
+    out = torch.empty(problem.M, problem.shape.hidden, device=inputs.x.device, dtype=problem.spec.act)
+    cfg = path.default_config(problem) if path.tunable else None
+    run = path.prepare(inputs, problem, cfg)
+    if target.interpreter:
+        return time_wallclock(lambda: run(out))
+    if path.graph_safe:
+        return time_graph(lambda: run(out))
+    return time_eager(lambda: run(out))
+
+
+def _base_row(problem: Problem, path_name: str, target: Target) -> dict:
+    s = problem.shape
+    return dict(
+        model=s.name, experts=s.experts, hidden=s.hidden, intermediate=s.intermediate, topk=s.topk,
+        moe_layers=s.moe_layers, M=problem.M, dtype=problem.dtype, path=path_name, routing=problem.routing,
+        seed=problem.seed, config=None, status="ok", correct=None, rel_err=None, time_us=None,
+        time_p20_us=None, time_p80_us=None, reps=None, floor_us=None, bound=None, pct_of_floor=None,
+        tflops=None, gbps=None, flops=problem.flops, bytes=None, experts_touched=None,
+        device_name=device_name(), interpreter=target.interpreter, timing_method=None, error=None,
+    )
+
+
+def run_point(problem: Problem, path_name: str, inputs: MoEInputs, check_inputs: MoEInputs, target: Target,
+              ceilings: Ceilings | None) -> dict:
+    """One row: check, then time, then place against the roofline floor."""
+    path = get_path(path_name)
+    row = _base_row(problem, path_name, target)
+    reason = path.supports(problem, target)
+    if reason:
+        return {**row, "status": "unsupported", "error": reason}
+    if path.tunable:
+        row["config"] = path.default_config(problem).to_vllm_dict()
+    touched = inputs.experts_touched
+    row.update(experts_touched=touched, bytes=problem.min_bytes(touched))
+    try:
+        if path.baseline:  # the reference itself
+            chk = Check(True, 0.0)
+        else:
+            chk = check_point(path, problem, check_inputs)
+        row.update(correct=chk.correct, rel_err=chk.rel_err)
+        if not chk.correct:
+            return {**row, "status": "incorrect",
+                    "error": f"rel. error {chk.rel_err:.3g} > {problem.spec.rtol:g} against the fp32 reference"}
+        t = time_point(path, problem, inputs, target)
+    except _GPU_ERRORS as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return {**row, "status": "error", "error": f"{type(e).__name__}: {first}"[:300]}
+    row.update(time_us=t.median_us, time_p20_us=t.p20_us, time_p80_us=t.p80_us, reps=t.reps,
+               timing_method=t.method)
+    secs = t.median_us * 1e-6
+    row.update(tflops=problem.flops / secs / 1e12, gbps=row["bytes"] / secs / 1e9)
+    if ceilings is not None and not target.interpreter:
+        f = floor(problem, touched, ceilings)
+        row.update(floor_us=f.floor_us, bound=f.bound, pct_of_floor=100.0 * f.floor_us / t.median_us)
+    return row
+
+
+def validate(spec: SweepSpec, target: Target) -> None:
+    """Refuse, before anything is written, a path that can run none of the sweep's problems here."""
+    points = spec.points()
+    for name in spec.paths:
+        path = get_path(name)
+        reasons = [path.supports(p, target) for p, n in points if n == name]
+        if all(reasons):
+            where = "on this machine (no CUDA GPU)" if target.device.type == "cpu" else "here"
+            raise UserError(f"path '{name}' cannot run any point of this sweep {where}: {reasons[0]}")
+
+
+def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | None = None,
+              on_start: Callable[[int], None] | None = None) -> Path:
+    """Run every point of ``spec``; return the run folder. ``on_row`` sees each row as it is written."""
+    target = Target.current()
+    validate(spec, target)
+    points = spec.points()
+    meta = describe(target.interpreter)
+    meta.update(sweep=spec.name, timing_method=GRAPH if not target.interpreter else "interpreter wall clock",
+                points=len(points))
+    ceilings = None
+    if target.device.type == "cuda" and not target.interpreter:
+        ceilings = measure_ceilings()
+        meta["ceilings"] = ceilings.as_dict()
+    writer = RunWriter(new_run_dir(out_base, spec.name), meta)
+    if on_start:
+        on_start(len(points))
+    status = "interrupted"
+    try:
+        for (shape, dtype), group in groupby(points, key=lambda pp: (pp[0].shape, pp[0].dtype)):
+            group = list(group)
+            runnable = [(p, n) for p, n in group if not get_path(n).supports(p, target)]
+            weights = make_weights(shape, dtype, spec.seed, target.device) if runnable else None
+            for m, by_m in groupby(group, key=lambda pp: pp[0].M):
+                by_m = list(by_m)
+                inputs = check_inputs = None
+                if weights is not None:
+                    inputs = make_inputs(by_m[0][0], target.device, weights, draw=0)
+                    check_inputs = make_inputs(by_m[0][0], target.device, weights, draw=1)
+                for problem, path_name in by_m:
+                    if inputs is None:
+                        row = _base_row(problem, path_name, target)
+                        row.update(status="unsupported", error=get_path(path_name).supports(problem, target))
+                    else:
+                        row = run_point(problem, path_name, inputs, check_inputs, target, ceilings)
+                    writer.append(row)
+                    if on_row:
+                        on_row(row)
+            del weights
+            if target.device.type == "cuda":
+                torch.cuda.empty_cache()
+        status = "complete"
+    finally:
+        writer.finish(status)
+    return writer.run_dir

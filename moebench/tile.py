@@ -1,0 +1,72 @@
+"""One tile configuration of the fused-MoE Triton kernels, and the default choice.
+
+Field names match the keys of vLLM's and SGLang's tuned-config JSON files, so a
+row of such a file loads as ``TileConfig.from_dict`` and ``to_vllm_dict`` writes
+one back unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from moebench.errors import UserError
+
+_VLLM_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+
+
+def _pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    BLOCK_SIZE_M: int  # token-slot rows per tile (the align step pads each expert to this)
+    BLOCK_SIZE_N: int  # output columns per tile
+    BLOCK_SIZE_K: int  # reduction step
+    GROUP_SIZE_M: int = 1  # tiles along M visited together, for L2 reuse of weights
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
+            v = getattr(self, name)
+            if not _pow2(v) or v < 16:
+                raise UserError(f"tile config: {name}={v} must be a power of two >= 16")
+        if self.GROUP_SIZE_M < 1:
+            raise UserError(f"tile config: GROUP_SIZE_M={self.GROUP_SIZE_M} must be >= 1")
+        if not _pow2(self.num_warps) or self.num_warps > 16:
+            raise UserError(f"tile config: num_warps={self.num_warps} must be 1, 2, 4, 8 or 16")
+        if self.num_stages < 1:
+            raise UserError(f"tile config: num_stages={self.num_stages} must be >= 1")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TileConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise UserError(f"tile config: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        return cls(**{k: int(v) for k, v in d.items()})
+
+    def to_vllm_dict(self) -> dict[str, int]:
+        d = asdict(self)
+        return {k: d[k] for k in _VLLM_KEYS}
+
+    def key(self) -> tuple[int, ...]:
+        return tuple(getattr(self, k) for k in _VLLM_KEYS)
+
+
+def default_config(M: int, experts: int, topk: int, hidden: int, intermediate: int) -> TileConfig:
+    """A reasonable untuned tile for ``M`` tokens: small token tiles at decode, large at prefill.
+
+    The tile height follows the average number of token slots per expert
+    (``M * topk / experts``): padding each expert to a tall tile wastes the
+    tensor core when experts see few tokens.
+    """
+    per_expert = M * topk / experts
+    if per_expert <= 16:
+        return TileConfig(16, 64, 128, 1, 4, 4)
+    if per_expert <= 32:
+        return TileConfig(32, 64, 128, 1, 4, 4)
+    if per_expert <= 96:
+        return TileConfig(64, 64, 64, 8, 4, 4)
+    return TileConfig(128, 128, 64, 8, 8, 3)
