@@ -20,6 +20,11 @@ SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
 _err = Console(stderr=True)
 
 
+def _console() -> Console:
+    """Standard output for tables: the terminal's width, or wide enough not to crop columns in a pipe."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
 def _default_spec() -> Path:
     """sweeps/quick.yaml on a GPU; the tiny CPU sweep on the Triton interpreter otherwise."""
     from moebench._interpret import interpreting
@@ -35,12 +40,9 @@ def _emit(text: str | None) -> None:
 def _print_tables(meta: dict, df, fmt: str, out: Console) -> None:
     from moebench import report
 
-    caption = report.interpreter_caption(df)
     through = report.throughput_table(df)
     ttft = report.ttft_table(df)
     if fmt == "table":
-        if caption:
-            out.print(f"[bold yellow]{caption}[/]")
         report.render(through, "table", "Throughput (MoE layer)", console=out)
         report.render(ttft, "table", "MoE share of time-to-first-token", console=out)
         bad = df[df["status"] != "ok"]
@@ -65,7 +67,8 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("spec", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--model", "models", multiple=True, help="Preset name(s), repeatable or comma list (see `moebench models`).")
+@click.option("--model", "models", multiple=True,
+              help="Preset name(s), repeatable or comma list (see `moebench models`).")
 @click.option("--hf-config", "hf_configs", multiple=True, type=click.Path(path_type=Path),
               help="A Hugging Face config.json (or its folder); repeatable.")
 @click.option("--experts", type=int, help="Explicit shape: routed experts (with --hidden, --intermediate, --topk).")
@@ -73,9 +76,11 @@ def cli() -> None:
 @click.option("--intermediate", type=int, help="Explicit shape: per-expert intermediate size.")
 @click.option("--topk", default=None, help="Top-k, comma list; overrides the models' own.")
 @click.option("--m", "ms", default=None, help="Token counts, comma list. [default: 1,16,128,1024,4096]")
-@click.option("--dtype", "dtypes", default=None, help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128; comma list.")
+@click.option("--dtype", "dtypes", default=None,
+              help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128; comma list. [default: bf16]")
 @click.option("--path", "paths", default=None, help="triton, cutlass, torch; comma list. [default: triton,cutlass]")
-@click.option("--routing", default=None, type=click.Choice(["uniform", "skewed"]), help="Expert load. [default: uniform]")
+@click.option("--routing", default=None, type=click.Choice(["uniform", "skewed"]),
+              help="Expert load. [default: uniform]")
 @click.option("--seed", default=None, type=int, help="Input seed. [default: 0]")
 @click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree: divides the intermediate size.")
 @click.option("--ep", default=1, show_default=True, help="Expert-parallel degree: divides the experts.")
@@ -125,9 +130,12 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
             tp=tp,
             ep=ep,
         )
-    out = Console()
     from moebench._interpret import interpreting
+    from moebench.paths import Target
+    from moebench.runner import validate
 
+    validate(plan, Target.current())  # refuse before anything is printed or written
+    out = _console()
     if interpreting():
         _err.print("[yellow]No CUDA GPU: running on the Triton interpreter. "
                    "CPU timings check correctness only; they are not GPU performance.[/]")
@@ -178,7 +186,7 @@ def report(run, fmt):
     meta, df = load_run(run)
     if w := schema_warning(meta, str(run)):
         _err.print(w)
-    _print_tables(meta, df, fmt, Console())
+    _print_tables(meta, df, fmt, _console())
 
 
 @cli.command()
@@ -203,7 +211,7 @@ def compare(base, new, fmt, threshold, fail_on_slower):
         _err.print(f"warning: {w}")
     table = cmp.compare_runs(base_df, new_df, min_threshold=threshold)
     if fmt == "table":
-        rep.render(table, "table", f"{base} -> {new}", console=Console())
+        rep.render(table, "table", f"{base} -> {new}", console=_console())
         only = cmp.unmatched(base_df, new_df)
         if len(only):
             _err.print(f"{len(only)} point(s) present in one run only")

@@ -53,7 +53,7 @@ DTYPES: dict[str, DtypeSpec] = {
     for d in (
         DtypeSpec("bf16", torch.bfloat16, torch.bfloat16, None, 2e-2, ""),
         DtypeSpec("fp16", torch.float16, torch.float16, None, 5e-3, ""),
-        DtypeSpec("fp32", torch.float32, torch.float32, None, 2e-3, ""),
+        DtypeSpec("fp32", torch.float32, torch.float32, None, 2e-3, ",dtype=float32"),
         DtypeSpec("fp8-tensor", FP8, torch.bfloat16, "tensor", 8e-2, ",dtype=fp8_w8a8"),
         DtypeSpec("fp8-channel", FP8, torch.bfloat16, "channel", 8e-2, ",dtype=fp8_w8a8"),
         DtypeSpec(

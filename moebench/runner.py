@@ -8,16 +8,16 @@ first), and only a correct point is timed. Rows are appended as they finish.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
-from typing import Callable
 
 import torch
 import triton
 
-from moebench.errors import UserError
 from moebench.environment import describe, device_name
+from moebench.errors import UserError
 from moebench.paths import Target, get_path
 from moebench.paths.torch_ref import moe_reference
 from moebench.problem import MoEInputs, Problem, make_inputs, make_weights
@@ -140,7 +140,7 @@ def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | 
             group = list(group)
             runnable = [(p, n) for p, n in group if not get_path(n).supports(p, target)]
             weights = make_weights(shape, dtype, spec.seed, target.device) if runnable else None
-            for m, by_m in groupby(group, key=lambda pp: pp[0].M):
+            for _, by_m in groupby(group, key=lambda pp: pp[0].M):
                 by_m = list(by_m)
                 inputs = check_inputs = None
                 if weights is not None:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -89,7 +89,6 @@ def _time_replays(launch: Callable[[], None], budget_s: float, min_reps: int, ma
 
     reps = _reps_for(once(), budget_s, min_reps, max_reps)
     samples = [once() for _ in range(reps)]
-    del flush
     return Timing.from_samples(samples, method)
 
 

@@ -1,0 +1,108 @@
+"""The command line end to end on the CPU (Triton interpreter): outputs, run folders, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moebench.results import ROW_COLUMNS, load_run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def moebench(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "moebench", *args], capture_output=True, text=True, env=env,
+                          cwd=cwd or ROOT, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+    """One small sweep shared by the tests below: tiny shape, two M, fp32, triton and the reference."""
+    out = tmp_path_factory.mktemp("runs")
+    proc = moebench("sweep", "--model", "tiny", "--m", "1,5", "--dtype", "fp32", "--path", "triton,torch",
+                    "--out", str(out), "--format", "csv", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = list(out.iterdir())
+    return proc, run_dir
+
+
+def test_sweep_writes_a_complete_run_folder(cpu_run):
+    """meta.json says what ran where; rows.jsonl has one checked row per point with every column."""
+    _, run_dir = cpu_run
+    meta, df = load_run(run_dir)
+    assert meta["status"] == "complete" and meta["interpreter"] is True
+    for key in ("torch", "triton", "moebench", "command", "timing_method", "schema_version", "device_name"):
+        assert meta.get(key) is not None, key
+    assert len(df) == 2 * 2
+    assert set(ROW_COLUMNS) <= set(df.columns)
+    assert (df["status"] == "ok").all() and df["correct"].all()
+    assert (df.loc[df["path"] == "triton", "rel_err"] < 2e-3).all()
+    assert df["time_us"].notna().all() and df["interpreter"].all()
+    assert df.loc[df["path"] == "triton", "config"].map(lambda c: "BLOCK_SIZE_M" in c).all()
+
+
+def test_sweep_prints_csv_tables_and_says_cpu_is_not_gpu(cpu_run):
+    proc, _ = cpu_run
+    assert proc.stdout.splitlines()[0].startswith("model,dtype,M,path,time_us")
+    assert "not GPU performance" in proc.stderr
+
+
+def test_report_json_matches_rows(cpu_run):
+    """`moebench report --format json` re-reads the folder: one throughput record per ok row."""
+    _, run_dir = cpu_run
+    proc = moebench("report", str(run_dir), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert len(data["throughput"]) == 4 and {"decode_tok_s", "pct_of_floor"} <= set(data["throughput"][0])
+
+
+def test_compare_a_run_with_itself_is_all_same(cpu_run):
+    _, run_dir = cpu_run
+    proc = moebench("compare", str(run_dir), str(run_dir), "--format", "csv", "--fail-on-slower")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 + 4 and all(line.endswith("SAME") for line in lines[1:])
+
+
+def test_export_configs_refuses_interpreter_runs(cpu_run, tmp_path):
+    """CPU timings must not pick GPU tile configs."""
+    _, run_dir = cpu_run
+    proc = moebench("export-configs", str(run_dir), "--out", str(tmp_path / "cfg"))
+    assert proc.returncode == 2 and "interpreter" in proc.stderr
+    assert not (tmp_path / "cfg").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["sweep", "--model", "nosuch", "--m", "1"], "unknown model"),  # unknown preset
+    (["sweep", "--model", "tiny", "--m", "0"], "M must be positive"),  # impossible M
+    (["sweep", "--model", "tiny", "--m", "1", "--topk", "9"], "impossible"),  # top-k > experts
+    (["sweep", "--model", "tiny", "--m", "1", "--path", "cutlass"], "sm90"),  # GPU-only path on a CPU
+    (["sweep", "--experts", "8", "--hidden", "64", "--m", "1"], "needs --experts"),  # incomplete shape
+    (["sweep", "missing.yaml"], "no sweep spec"),  # missing file
+    (["sweep", "--hf-config", "nowhere/config.json", "--m", "1"], "nowhere"),  # missing HF config
+    (["sweep", "--model", "tiny", "--m", "1", "--dtype", "int3"], "unknown dtype"),  # unknown dtype
+    (["report", "no-such-run"], "no run folder"),  # missing run folder
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, fragment):
+    out = tmp_path / "out"
+    proc = moebench(*args, *(["--out", str(out)] if args[0] == "sweep" else []), cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "Triton interpreter" not in line
+             and "not GPU performance" not in line]
+    assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_bad_yaml_spec(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("models: [tiny]\nm: [1]\nwarmup: 3\n")
+    proc = moebench("sweep", str(spec), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "unknown key 'warmup'" in proc.stderr
+    assert not (tmp_path / "out").exists()

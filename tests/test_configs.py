@@ -1,0 +1,311 @@
+"""Tile-config tables: vLLM/SGLang file names, nearest-M lookup, JSON round trip, best configs, writing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from moebench.configs import ConfigTable, best_configs, config_file_name, write_tables
+from moebench.errors import UserError
+from moebench.tile import TileConfig
+
+VLLM_KEYS = ["BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"]
+
+
+# ---- the engines' own rules, transcribed from their sources as the reference -------------------
+
+def vllm_file_name(E: int, N: int, device: str, dtype: str | None, block_shape: list[int] | None) -> str:
+    """vLLM fused_moe.py get_config_file_name, with get_device_name() replaced by ``device``."""
+    device_name = device.replace(" ", "_")
+    if "H200" in device_name.split("_"):
+        device_name = "NVIDIA_H200"
+    dtype_selector = "" if not dtype else f",dtype={dtype}"
+    block_shape_selector = (
+        "" if not block_shape or not all(block_shape) else f",block_shape={block_shape}"
+    ).replace(" ", "")
+    return f"E={E},N={N},device_name={device_name}{dtype_selector}{block_shape_selector}.json"
+
+
+def sglang_file_name(E, N, device, dtype, block_shape, per_channel_quant=False) -> str:
+    """SGLang fused_moe_triton_config.py get_config_file_name (no space removal, no H200 folding)."""
+    device_name = device.replace(" ", "_")
+    dtype_selector = "" if not dtype else f",dtype={dtype}"
+    block_shape_selector = "" if not block_shape or not all(block_shape) else f",block_shape={block_shape}"
+    per_channel_quant_selector = ",per_channel_quant=True" if per_channel_quant else ""
+    return (f"E={E},N={N},device_name={device_name}{dtype_selector}{block_shape_selector}"
+            f"{per_channel_quant_selector}.json")
+
+
+def engine_lookup(text: str, M: int) -> dict:
+    """How vLLM and SGLang read a config file and pick the entry for M tokens."""
+    tuned = json.loads(text)
+    tuned.pop("triton_version", None)
+    configs = {int(key): val for key, val in tuned.items()}
+    return configs[min(configs.keys(), key=lambda x: abs(x - M))]
+
+
+# ---- file names --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "dtype, engine_dtype, block_shape",
+    [
+        ("bf16", None, None),
+        ("fp16", None, None),
+        ("fp32", "float32", None),  # vLLM and SGLang: float32 activations get their own file
+        ("fp8-tensor", "fp8_w8a8", None),
+        ("fp8-channel", "fp8_w8a8", None),
+        ("fp8-block128", "fp8_w8a8", [128, 128]),
+    ],
+)
+def test_vllm_file_names_follow_vllm(dtype, engine_dtype, block_shape):
+    for device in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        expected = vllm_file_name(8, 14336, device, engine_dtype, block_shape)
+        assert config_file_name(8, 14336, device, dtype) == expected
+
+
+def test_file_names_match_files_shipped_by_the_engines():
+    # vllm/model_executor/layers/fused_moe/configs/ ships this name (no space in the block shape) ...
+    assert (config_file_name(128, 384, "NVIDIA H200", "fp8-block128")
+            == "E=128,N=384,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json")
+    # ... and SGLang's configs/triton_3_4_0/ this one (with the space).
+    assert (config_file_name(32, 768, "NVIDIA H200", "fp8-block128", layout="sglang")
+            == "E=32,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json")
+    assert config_file_name(8, 14336, "NVIDIA H200", "bf16") == "E=8,N=14336,device_name=NVIDIA_H200.json"
+    assert (config_file_name(8, 14336, "NVIDIA H200", "fp8-tensor")
+            == "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8.json")
+
+
+@pytest.mark.parametrize(
+    "dtype, engine_dtype, block_shape, per_channel",
+    [
+        ("bf16", None, None, False),
+        ("fp8-tensor", "fp8_w8a8", None, False),
+        ("fp8-channel", "fp8_w8a8", None, True),
+        ("fp8-block128", "fp8_w8a8", [128, 128], False),
+    ],
+)
+def test_sglang_file_names_follow_sglang(dtype, engine_dtype, block_shape, per_channel):
+    for device in ("NVIDIA H200", "NVIDIA H200 NVL"):
+        expected = sglang_file_name(64, 1408, device, engine_dtype, block_shape, per_channel)
+        assert config_file_name(64, 1408, device, dtype, layout="sglang") == expected
+
+
+def test_vllm_folds_h200_variants_into_one_name():
+    nvl = config_file_name(8, 7168, "NVIDIA H200 NVL", "bf16")
+    assert nvl == config_file_name(8, 7168, "NVIDIA H200", "bf16")
+    assert "NVIDIA_H200_NVL" in config_file_name(8, 7168, "NVIDIA H200 NVL", "bf16", layout="sglang")
+
+
+def test_file_name_rejects_unknown_dtype_and_layout():
+    with pytest.raises(UserError, match="dtype"):
+        config_file_name(8, 14336, "NVIDIA H200", "int4")
+    with pytest.raises(UserError, match="layout"):
+        config_file_name(8, 14336, "NVIDIA H200", "bf16", layout="trtllm")
+
+
+# ---- the table ---------------------------------------------------------------------------------
+
+def tile(block_m: int, stages: int = 3) -> TileConfig:
+    return TileConfig(block_m, 64, 128, 1, 4, stages)
+
+
+def sample_table() -> ConfigTable:
+    # given out of order on purpose: the table and its file keep M ascending
+    return ConfigTable({256: tile(64), 1: tile(16, 5), 16: tile(16, 4), 32: tile(32), 4096: tile(128)})
+
+
+def test_nearest_follows_the_engines_rule_on_the_written_file():
+    table = sample_table()
+    text = table.to_json()
+    for M in range(1, 6000):
+        assert table.nearest(M).to_vllm_dict() == engine_lookup(text, M)
+
+
+def test_nearest_tie_goes_to_the_key_first_in_the_file():
+    table = ConfigTable({32: tile(32), 16: tile(16)})
+    # M=24 is 8 from both keys; min() keeps the first of the file, which lists 16 first
+    first_in_file = next(iter(json.loads(table.to_json())))
+    assert first_in_file == "16"
+    assert table.nearest(24) == table[16]
+    assert table.nearest(25) == table[32]
+
+
+def test_nearest_on_an_empty_table_is_a_user_error():
+    with pytest.raises(UserError, match="empty"):
+        ConfigTable().nearest(1)
+
+
+def test_json_layout_and_round_trip(tmp_path):
+    table = sample_table()
+    text = table.to_json()
+    raw = json.loads(text)
+    assert list(raw) == [str(m) for m in sorted(table)]  # numeric order: "16" before "256"
+    for m, cfg in raw.items():
+        assert list(cfg) == VLLM_KEYS
+        assert cfg == table[int(m)].to_vllm_dict()
+    assert text.endswith("}\n")
+    assert ConfigTable.from_json(text) == table
+    path = tmp_path / "E=8,N=14336,device_name=NVIDIA_H200.json"
+    path.write_text(text)
+    assert ConfigTable.from_json(path) == table
+    assert ConfigTable.from_json(str(path)) == table
+
+
+def test_from_json_ignores_triton_version_like_vllm():
+    raw = json.loads(sample_table().to_json())
+    raw["triton_version"] = "3.4.0"
+    assert ConfigTable.from_json(json.dumps(raw)) == sample_table()
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"1": {"BLOCK_SIZE_M": 16,', "not valid JSON"),
+        ('[1, 2]', "JSON object"),
+        ('{"one": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}}', "'one'"),
+        ('{"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "BLOCK_M": 1}}', "BLOCK_M"),
+        ('{"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64}}', "BLOCK_SIZE_K"),
+        ('{"1": {"BLOCK_SIZE_M": 12, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}}', "power of two"),
+        ('{"1": 16}', "M=1"),
+        ("{}", "no tile configs"),
+    ],
+)
+def test_from_json_errors_name_the_file(tmp_path, content, message):
+    path = tmp_path / "E=8,N=14336,device_name=NVIDIA_H200.json"
+    path.write_text(content)
+    with pytest.raises(UserError, match=message) as err:
+        ConfigTable.from_json(path)
+    assert str(path) in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_from_json_missing_file_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="missing.json"):
+        ConfigTable.from_json(tmp_path / "missing.json")
+
+
+# ---- best configs from a run -------------------------------------------------------------------
+
+SHAPE = {
+    "model": "mixtral-8x7b", "experts": 8, "hidden": 4096, "intermediate": 14336, "topk": 2, "moe_layers": 32,
+}
+
+
+def row(M: int, cfg: TileConfig | None, time_us: float, **over) -> dict:
+    r = {
+        **SHAPE, "M": M, "dtype": "bf16", "path": "triton", "routing": "uniform",
+        "config": cfg.to_vllm_dict() if cfg else None, "status": "ok", "correct": True, "rel_err": 1e-3,
+        "time_us": time_us, "time_p20_us": time_us, "time_p80_us": time_us, "floor_us": None,
+        "pct_of_floor": None, "tflops": 1.0, "gbps": 1.0, "device_name": "NVIDIA H200", "interpreter": False,
+    }
+    r.update(over)
+    return r
+
+
+def test_best_configs_picks_the_fastest_ok_triton_config_per_M():
+    a, b, c = tile(16), tile(32), tile(64)
+    rows = [
+        row(1, a, 50.0), row(1, b, 40.0), row(1, c, 45.0),
+        row(1, c, 10.0, status="incorrect", correct=False),  # fast but wrong: never chosen
+        row(1, None, 5.0, path="torch"),  # another path
+        row(256, a, 900.0), row(256, b, 700.0), row(256, c, 400.0),
+        row(256, a, 300.0, dtype="fp8-tensor"), row(256, c, 350.0, dtype="fp8-tensor"),
+    ]
+    df = pd.DataFrame(rows)
+    tables = best_configs(df)
+    assert set(tables) == {(8, 14336, "bf16", "NVIDIA H200"), (8, 14336, "fp8-tensor", "NVIDIA H200")}
+    ok = df[(df["status"] == "ok") & (df["path"] == "triton")]
+    for (_, _, dtype, _), table in tables.items():
+        for M in table:
+            at = ok[(ok["dtype"] == dtype) & (ok["M"] == M)]
+            fastest = at.loc[at["time_us"].idxmin(), "config"]
+            assert table[M].to_vllm_dict() == fastest
+    assert list(tables[(8, 14336, "bf16", "NVIDIA H200")]) == [1, 256]
+    assert best_configs(df[df["path"] == "torch"]) == {}
+
+
+def test_best_configs_refuses_interpreter_timings():
+    df = pd.DataFrame([row(1, tile(16), 5000.0, interpreter=True, device_name="cpu")])
+    with pytest.raises(UserError, match="interpreter"):
+        best_configs(df)
+
+
+def test_best_configs_across_problems_compares_relative_times():
+    # Two routings at one M: the skewed one is slower for every config, so raw minima would only ever
+    # look at the uniform rows. Config a wins uniform by 1 %, but loses skewed by 30 %: b is the better pick.
+    a, b = tile(16), tile(32)
+    rows = [
+        row(64, a, 99.0), row(64, b, 100.0),
+        row(64, a, 260.0, routing="skewed"), row(64, b, 200.0, routing="skewed"),
+    ]
+    table = best_configs(pd.DataFrame(rows))[(8, 14336, "bf16", "NVIDIA H200")]
+    score_a = (99.0 / 99.0 + 260.0 / 200.0) / 2
+    score_b = (100.0 / 99.0 + 200.0 / 200.0) / 2
+    assert score_b < score_a
+    assert table[64] == b
+
+
+# ---- writing -----------------------------------------------------------------------------------
+
+def some_tables() -> dict[tuple, ConfigTable]:
+    return {
+        (8, 14336, "bf16", "NVIDIA H200"): sample_table(),
+        (256, 256, "fp8-block128", "NVIDIA H200"): ConfigTable({1: tile(16), 64: tile(64)}),
+    }
+
+
+def test_write_tables_vllm_layout_writes_loadable_files(tmp_path):
+    tables = some_tables()
+    paths = write_tables(tables, tmp_path)
+    assert sorted(paths) == sorted(tmp_path / config_file_name(E, N, dev, dt) for (E, N, dt, dev) in tables)
+    for (E, N, dtype, device), table in tables.items():
+        path = tmp_path / config_file_name(E, N, device, dtype)
+        assert ConfigTable.from_json(path) == table
+        assert engine_lookup(path.read_text(), 3) == table.nearest(3).to_vllm_dict()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)  # no temp files left
+
+
+def test_write_tables_sglang_layout_uses_a_triton_version_folder(tmp_path):
+    tables = some_tables()
+    paths = write_tables(tables, tmp_path, layout="sglang", triton_version="3.4.0")
+    for (E, N, dtype, device), table in tables.items():
+        path = tmp_path / "triton_3_4_0" / config_file_name(E, N, device, dtype, layout="sglang")
+        assert path in paths
+        assert ConfigTable.from_json(path) == table
+    assert any("[128, 128]" in p.name for p in paths)
+
+
+def test_write_tables_sglang_default_is_the_installed_triton(tmp_path):
+    triton = pytest.importorskip("triton")
+    [path] = write_tables({(8, 14336, "bf16", "NVIDIA H200"): sample_table()}, tmp_path, layout="sglang")
+    assert path.parent == tmp_path / f"triton_{triton.__version__.replace('.', '_')}"
+
+
+def test_write_tables_replaces_an_existing_file(tmp_path):
+    key = (8, 14336, "bf16", "NVIDIA H200")
+    [path] = write_tables({key: sample_table()}, tmp_path)
+    newer = ConfigTable({1: tile(64)})
+    assert write_tables({key: newer}, tmp_path) == [path]
+    assert ConfigTable.from_json(path) == newer
+
+
+def test_write_tables_refuses_two_tables_for_one_file_before_writing(tmp_path):
+    # vLLM names fp8-tensor and fp8-channel tables alike: one would silently overwrite the other.
+    tables = {
+        (8, 14336, "fp8-tensor", "NVIDIA H200"): sample_table(),
+        (8, 14336, "fp8-channel", "NVIDIA H200"): sample_table(),
+    }
+    with pytest.raises(UserError, match="both map to"):
+        write_tables(tables, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    # SGLang tells them apart (per_channel_quant), so there both are written
+    assert len(write_tables(tables, tmp_path / "sg", layout="sglang", triton_version="3.4.0")) == 2
+
+
+def test_write_tables_unknown_layout(tmp_path):
+    with pytest.raises(UserError, match="layout"):
+        write_tables(some_tables(), tmp_path, layout="trtllm")
+    assert list(Path(tmp_path).iterdir()) == []

@@ -1,0 +1,123 @@
+"""Every path against the float32 reference, on fresh random inputs, output poisoned first.
+
+On the CPU the Triton kernels run under the interpreter in fp16 and fp32 (its
+bf16 dot is wrong); on a CUDA GPU the same tests add bf16 and the CUTLASS path.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moebench._interpret import interpreting
+from moebench.models import MoEShape
+from moebench.paths import Target, get_path
+from moebench.paths.cutlass_path import grouped_moe_bf16
+from moebench.paths.torch_ref import moe_reference
+from moebench.problem import Problem, make_inputs
+from moebench.runner import check_point
+from moebench.tile import TileConfig
+
+GPU = torch.cuda.is_available() and not interpreting()
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TRITON_DTYPES = ["fp16", "fp32"] + (["bf16"] if GPU else [])
+
+# (experts, hidden, intermediate, topk, M)
+CASES = [
+    (8, 128, 64, 2, 1),  # M = 1: one token, most experts get nothing
+    (8, 128, 64, 1, 7),  # top-k = 1
+    (8, 128, 64, 8, 5),  # top-k = E: every expert gets every token
+    (6, 96, 48, 2, 33),  # E not a power of two; hidden and I not multiples of the tile
+    (16, 160, 80, 4, 3),  # M*topk < E: experts with no tokens
+    (4, 64, 32, 2, 40),  # several tiles per expert
+]
+
+
+def _shape(e, h, i, k) -> MoEShape:
+    return MoEShape("test", e, h, i, k)
+
+
+@pytest.mark.parametrize("dtype", TRITON_DTYPES)
+@pytest.mark.parametrize("case", CASES)
+def test_triton_matches_reference(case, dtype):
+    """The triton path writes every output element and matches the fp32 reference within the dtype's bound."""
+    e, h, i, k, m = case
+    problem = Problem(_shape(e, h, i, k), m, dtype, seed=3)
+    inputs = make_inputs(problem, DEVICE, draw=1)
+    result = check_point(get_path("triton"), problem, inputs)
+    assert result.correct, f"rel. error {result.rel_err}"
+
+
+@pytest.mark.parametrize("config", [
+    TileConfig(16, 32, 32, 1, 4, 2),  # smallest tiles: many K steps
+    TileConfig(32, 64, 16, 4, 4, 2),  # grouped tile order
+    TileConfig(64, 16, 64, 2, 4, 2),  # tile taller than any expert's share
+])
+def test_triton_any_tile_config_is_correct(config):
+    """Correctness does not depend on the tile config (padding, grouping, K tail)."""
+    from moebench.kernels.fused_moe import fused_moe
+
+    problem = Problem(_shape(6, 96, 48, 2), 21, "fp32", seed=5)
+    inp = make_inputs(problem, DEVICE, draw=1)
+    w = inp.weights
+    out = torch.full((21, 96), float("nan"), device=DEVICE)
+    fused_moe(inp.x, w.w13, w.w2, inp.topk_weights, inp.topk_ids, config, out=out)
+    ref = moe_reference(inp.x, w, inp.topk_weights, inp.topk_ids)
+    assert torch.isfinite(out).all()
+    assert torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref) < 2e-3
+
+
+def test_grouped_gemm_logic_matches_reference():
+    """The CUTLASS path's sort / grouped GEMM / combine logic (run by torch._grouped_mm on this device)."""
+    problem = Problem(_shape(8, 128, 64, 2), 19, "bf16", seed=7)
+    inp = make_inputs(problem, DEVICE, draw=1)
+    out = torch.full((19, 128), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+    grouped_moe_bf16(inp.x, inp.weights.w13, inp.weights.w2, inp.topk_weights, inp.topk_ids, out)
+    ref = moe_reference(inp.x, inp.weights, inp.topk_weights, inp.topk_ids)
+    assert torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref) < 2e-2
+
+
+def test_cutlass_refuses_without_sm90():
+    """On anything but an sm90 GPU the cutlass path says why it cannot run."""
+    cpu = Target(torch.device("cpu"), True, None)
+    reason = get_path("cutlass").supports(Problem(_shape(8, 128, 64, 2), 4, "bf16"), cpu)
+    assert reason and "sm90" in reason
+
+
+def test_triton_refuses_bf16_under_interpreter():
+    """bf16 under the interpreter would compute wrong dots: the path refuses instead of reporting garbage."""
+    cpu = Target(torch.device("cpu"), True, None)
+    assert get_path("triton").supports(Problem(_shape(8, 128, 64, 2), 4, "bf16"), cpu)
+    assert get_path("triton").supports(Problem(_shape(8, 128, 64, 2), 4, "fp16"), cpu) is None
+
+
+@pytest.mark.skipif(not GPU, reason="needs an sm90 GPU")
+@pytest.mark.parametrize("dtype", ["bf16", "fp8-tensor", "fp8-channel"])
+@pytest.mark.parametrize("case", CASES[:5])
+def test_cutlass_matches_reference(case, dtype):
+    e, h, i, k, m = case
+    problem = Problem(_shape(e, h * 2, i * 2, k), m, dtype, seed=11)  # sizes multiples of 16 bytes
+    target = Target.current()
+    if reason := get_path("cutlass").supports(problem, target):
+        pytest.skip(reason)
+    result = check_point(get_path("cutlass"), problem, make_inputs(problem, DEVICE, draw=1))
+    assert result.correct, f"rel. error {result.rel_err}"
+
+
+@pytest.mark.skipif(not GPU, reason="compile caches exist on the GPU only")
+def test_no_recompile_as_token_count_changes():
+    """One compiled variant per tile config, whatever M: token counts are not specialized."""
+    from moebench.kernels import fused_moe as fm
+
+    def variants(fn) -> int:
+        return sum(len(c[0]) for c in fn.device_caches.values())
+
+    problem = Problem(_shape(8, 256, 128, 2), 1, "bf16", seed=1)
+    cfg = TileConfig(16, 64, 64, 1, 4, 3)
+    counts = []
+    for m in (1, 16, 17, 64, 333):
+        inp = make_inputs(Problem(problem.shape, m, "bf16"), DEVICE)
+        fm.fused_moe(inp.x, inp.weights.w13, inp.weights.w2, inp.topk_weights, inp.topk_ids, cfg)
+        torch.cuda.synchronize()
+        counts.append((variants(fm._gemm1_swiglu), variants(fm._gemm2_combine)))
+    assert len(set(counts)) == 1, counts

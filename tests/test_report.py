@@ -1,0 +1,204 @@
+"""Throughput / TTFT tables and their rendering as rich table, CSV and JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from moebench.errors import UserError
+from moebench.report import (
+    INTERPRETER_CAPTION,
+    THROUGHPUT_COLUMNS,
+    TTFT_COLUMNS,
+    format_cell,
+    interpreter_caption,
+    render,
+    throughput_table,
+    ttft_table,
+)
+
+TILE = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1}
+MIXTRAL = {
+    "model": "mixtral-8x7b", "experts": 8, "hidden": 4096, "intermediate": 14336, "topk": 2, "moe_layers": 32,
+}
+QWEN = {
+    "model": "qwen3-30b-a3b", "experts": 128, "hidden": 2048, "intermediate": 768, "topk": 8,
+    "moe_layers": 48,
+}
+
+
+def row(shape: dict = MIXTRAL, **over) -> dict:
+    r = {
+        **shape, "M": 1, "dtype": "bf16", "path": "triton", "routing": "uniform", "config": dict(TILE),
+        "status": "ok", "correct": True, "rel_err": 1e-3, "time_us": 100.0, "time_p20_us": 99.0,
+        "time_p80_us": 101.0, "floor_us": 50.0, "pct_of_floor": 50.0, "tflops": 1.5, "gbps": 2500.0,
+        "device_name": "NVIDIA H200", "interpreter": False,
+    }
+    r.update(over)
+    if r["path"] != "triton":
+        r["config"] = None
+    return r
+
+
+def frame(*rows: dict) -> pd.DataFrame:
+    return pd.DataFrame(list(rows))
+
+
+def sample() -> pd.DataFrame:
+    return frame(
+        row(M=1, time_us=80.0),
+        row(M=1, path="torch", time_us=400.0),
+        row(M=512, time_us=900.0),
+        row(M=4096, time_us=5000.0, pct_of_floor=None),  # a floor that was not computed
+        row(QWEN, M=1, dtype="fp8-tensor", time_us=60.0),
+        row(QWEN, M=128, dtype="fp8-tensor", time_us=300.0),
+    )
+
+
+def test_throughput_columns_order_and_decode_rate():
+    df = sample()
+    t = throughput_table(df)
+    assert list(t.columns) == THROUGHPUT_COLUMNS
+    assert len(t) == len(df)  # every sample row is its own (model, dtype, M, path)
+    keys = list(zip(t["model"], t["dtype"], t["M"], t["path"], strict=True))
+    assert keys == sorted(keys)
+    layers = {r["model"]: r["moe_layers"] for r in df.to_dict("records")}
+    for r in t.to_dict("records"):
+        expected = r["M"] / (layers[r["model"]] * r["time_us"] * 1e-6)
+        assert r["decode_tok_s"] == pytest.approx(expected)
+
+
+def test_throughput_excludes_rows_that_are_not_ok():
+    df = frame(
+        row(M=16, time_us=200.0),
+        row(M=16, time_us=50.0, status="incorrect", correct=False),  # fast but wrong: never shown
+        row(M=64, time_us=10.0, status="error"),
+        row(M=256, status="unsupported", time_us=None),
+    )
+    t = throughput_table(df)
+    assert t["M"].tolist() == [16]
+    assert t["time_us"].tolist() == [200.0]
+
+
+def test_throughput_keeps_the_fastest_row_of_a_point():
+    # Two tile configs tried at the same point while tuning: the table shows the better one.
+    other = dict(TILE, BLOCK_SIZE_N=128)
+    t = throughput_table(frame(row(M=32, time_us=150.0), row(M=32, time_us=120.0, config=other)))
+    assert t["time_us"].tolist() == [120.0]
+
+
+def test_ttft_default_prompt_lengths_are_prefill_sized_M():
+    df = sample()
+    t = ttft_table(df)
+    assert list(t.columns) == TTFT_COLUMNS
+    measured = set(df["M"])
+    assert set(t["prompt_len"]) == {m for m in measured if m >= 128}
+    for r in t.to_dict("records"):
+        src = df[(df["model"] == r["model"]) & (df["dtype"] == r["dtype"]) & (df["path"] == r["path"])
+                 & (df["M"] == r["prompt_len"])].iloc[0]
+        assert r["moe_ttft_ms"] == pytest.approx(src["moe_layers"] * src["time_us"] / 1000)
+
+
+def test_ttft_uses_all_M_when_none_is_prefill_sized():
+    df = frame(row(M=1, time_us=80.0), row(M=16, time_us=90.0))
+    t = ttft_table(df)
+    assert t["prompt_len"].tolist() == [1, 16]
+    assert t["moe_ttft_ms"].tolist() == pytest.approx([32 * 80.0 / 1000, 32 * 90.0 / 1000])
+
+
+def test_ttft_explicit_prompt_lengths_and_unmeasured_length():
+    df = sample()
+    t = ttft_table(df, prompt_lens=[512])
+    # only mixtral/triton measured M=512
+    assert t[["model", "path", "prompt_len"]].values.tolist() == [["mixtral-8x7b", "triton", 512]]
+    with pytest.raises(UserError, match="2048"):
+        ttft_table(df, prompt_lens=[2048])
+
+
+def test_render_csv_round_trips_through_pandas():
+    t = throughput_table(sample())
+    back = pd.read_csv(io.StringIO(render(t, "csv", "throughput")))
+    assert list(back.columns) == THROUGHPUT_COLUMNS
+    pd.testing.assert_frame_equal(back, t, check_dtype=False)
+
+
+def test_render_json_round_trips_with_nan_as_null():
+    t = throughput_table(sample())
+    records = json.loads(render(t, "json", "throughput"))
+    assert len(records) == len(t)
+    for rec, expected in zip(records, t.to_dict("records"), strict=True):
+        assert list(rec) == THROUGHPUT_COLUMNS
+        for col, val in expected.items():
+            if isinstance(val, float) and math.isnan(val):
+                assert rec[col] is None
+            elif isinstance(val, float):
+                assert rec[col] == pytest.approx(val)
+            else:
+                assert rec[col] == val
+    assert any(rec["pct_of_floor"] is None for rec in records)  # the sample's missing floor
+
+
+def _rendered(table: pd.DataFrame, title: str) -> str:
+    console = Console(record=True, width=200)
+    assert render(table, "table", title, console=console) is None
+    return console.export_text()
+
+
+def test_render_table_shows_headers_and_readable_numbers_without_caption_on_gpu():
+    df = frame(row(M=128, time_us=123.44, pct_of_floor=None))
+    t = throughput_table(df)
+    text = _rendered(t, "MoE throughput")
+    assert "MoE throughput" in text
+    header = next(line for line in text.splitlines() if "time_us" in line)
+    data = next(line for line in text.splitlines() if "mixtral-8x7b" in line)
+    headers = [c.strip() for c in header.strip("┃ ").split("┃")]
+    cells = dict(zip(headers, [c.strip() for c in data.strip("│ ").split("│")], strict=True))
+    assert headers == THROUGHPUT_COLUMNS
+    assert cells["time_us"] == "123.4"  # 1 decimal
+    rate = 128 / (32 * 123.44e-6)
+    assert cells["decode_tok_s"] == f"{rate:,.0f}" and "," in cells["decode_tok_s"]  # thousands separator
+    assert cells["pct_of_floor"] == "-"  # floor not computed
+    assert INTERPRETER_CAPTION not in text
+
+
+def test_render_table_says_when_timings_come_from_the_interpreter():
+    df = frame(row(M=1, interpreter=True, device_name="cpu", floor_us=None, pct_of_floor=None))
+    assert interpreter_caption(df) == INTERPRETER_CAPTION
+    assert interpreter_caption(frame(row())) is None
+    assert INTERPRETER_CAPTION in _rendered(throughput_table(df), "MoE throughput")
+    assert INTERPRETER_CAPTION in _rendered(ttft_table(df), "MoE TTFT")
+    console = Console(record=True, width=200)
+    render(throughput_table(df), "table", "t", console=console, caption="")  # caller printed it already
+    assert INTERPRETER_CAPTION not in console.export_text()
+    # a table with no attrs (e.g. built by the caller) takes the caption explicitly
+    plain = pd.DataFrame({"M": [1]})
+    console = Console(record=True, width=200)
+    render(plain, "table", "t", console=console, caption=interpreter_caption(df))
+    assert INTERPRETER_CAPTION in console.export_text()
+
+
+def test_render_unknown_format_is_a_user_error():
+    with pytest.raises(UserError, match="csv"):
+        render(throughput_table(sample()), "xml", "t")
+
+
+@pytest.mark.parametrize(
+    "column, value, expected",
+    [
+        ("time_us", 1234.56, "1,234.6"),  # times: 1 decimal
+        ("pct_of_floor", 87.25, "87.2%"),
+        ("decode_tok_s", 1234567.8, "1,234,568"),  # big rates: separators, no decimals
+        ("moe_ttft_ms", 3.14159, "3.14"),
+        ("M", 4096, "4096"),
+        ("time_us", None, "-"),
+        ("tflops", float("nan"), "-"),
+        ("model", "mixtral-8x7b", "mixtral-8x7b"),
+    ],
+)
+def test_format_cell(column, value, expected):
+    assert format_cell(column, value) == expected

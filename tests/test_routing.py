@@ -1,0 +1,332 @@
+"""Tests of moebench.routing: top-k selection, synthetic routing, and the align step.
+
+The align tests check the Triton kernels and the torch reference against the definition
+(invariants computed here from topk_ids alone) and against each other.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+
+import pytest
+import torch
+
+from moebench import _interpret, routing
+from moebench.errors import UserError
+from moebench.routing import (
+    ROUTINGS,
+    AlignResult,
+    max_padded_len,
+    moe_align,
+    moe_align_reference,
+    route,
+    topk_softmax,
+)
+
+# ----------------------------------------------------------------------------------------
+# topk_softmax
+# ----------------------------------------------------------------------------------------
+
+SOFTMAX_CASES = [
+    (1, 8, 2),  # one token (decode), Mixtral-like 2 of 8
+    (37, 64, 8),  # odd token count, 8 of 64
+    (16, 60, 4),  # E not a power of two
+    (5, 6, 6),  # topk == E: every expert selected, weights are the full softmax
+]
+
+
+def _logits(M: int, E: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(M, E, generator=gen) * 3  # [M, E]; continuous draws, so no ties
+
+
+@pytest.mark.parametrize("M,E,topk", SOFTMAX_CASES)
+def test_topk_softmax_matches_reference(M, E, topk):
+    """Weights sum to 1, ids are the true top-k of the logits, and both match a torch reference."""
+    logits = _logits(M, E)
+    weights, ids = topk_softmax(logits, topk)
+    assert weights.shape == ids.shape == (M, topk)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int32
+
+    torch.testing.assert_close(weights.sum(dim=-1), torch.ones(M))
+    # The top-k of the softmax are the top-k of the logits (softmax is monotonic).
+    true_ids = torch.argsort(logits, dim=-1, descending=True)[:, :topk]  # [M, topk]
+    assert torch.equal(ids.long(), true_ids)
+
+    # Reference: full softmax in float64, gather the chosen experts, renormalize.
+    probs = torch.softmax(logits.double(), dim=-1)  # [M, E]
+    chosen = probs.gather(1, true_ids)  # [M, topk]
+    torch.testing.assert_close(weights.double(), chosen / chosen.sum(dim=-1, keepdim=True))
+
+
+def test_topk_softmax_without_renormalize_keeps_softmax_weights():
+    """renormalize=False returns the softmax probabilities of the chosen experts unchanged."""
+    logits = _logits(9, 16)
+    weights, ids = topk_softmax(logits, 3, renormalize=False)
+    probs = torch.softmax(logits, dim=-1)  # [M, E]
+    torch.testing.assert_close(weights, probs.gather(1, ids.long()))
+    assert (weights.sum(dim=-1) < 1).all()
+
+
+def test_topk_softmax_rejects_topk_above_experts():
+    """A topk larger than the number of experts is a user error with one line."""
+    with pytest.raises(UserError, match="topk=9"):
+        topk_softmax(_logits(2, 8), 9)
+
+
+# ----------------------------------------------------------------------------------------
+# route
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("routing_name", ROUTINGS)
+def test_route_is_deterministic_and_valid(routing_name):
+    """Same seed -> same routing; another seed -> another; ids distinct per token and in range."""
+    M, E, topk = 50, 32, 4
+    w1, ids1 = route(M, E, topk, routing_name, seed=7, device="cpu")
+    w2, ids2 = route(M, E, topk, routing_name, seed=7, device="cpu")
+    w3, ids3 = route(M, E, topk, routing_name, seed=8, device="cpu")
+    assert torch.equal(w1, w2) and torch.equal(ids1, ids2)
+    assert not torch.equal(ids1, ids3)
+
+    assert ids1.shape == w1.shape == (M, topk)
+    assert ids1.dtype == torch.int32 and w1.dtype == torch.float32
+    assert ((ids1 >= 0) & (ids1 < E)).all()
+    assert all(len(set(row)) == topk for row in ids1.tolist())
+    torch.testing.assert_close(w1.sum(dim=-1), torch.ones(M))
+
+
+def _top_decile_share(ids: torch.Tensor, E: int) -> float:
+    load = torch.bincount(ids.flatten().long(), minlength=E).float()  # [E]
+    top = max(1, E // 10)
+    return (load.sort(descending=True).values[:top].sum() / load.sum()).item()
+
+
+def test_skewed_routing_concentrates_load():
+    """Under 'skewed' the busiest 10% of experts get a clearly larger share than under 'uniform'."""
+    M, E, topk = 2000, 64, 8
+    _, uniform = route(M, E, topk, "uniform", seed=0, device="cpu")
+    _, skewed = route(M, E, topk, "skewed", seed=0, device="cpu")
+    share_uniform = _top_decile_share(uniform, E)
+    share_skewed = _top_decile_share(skewed, E)
+    assert share_uniform < 0.15  # balanced: about 6/64 of the slots
+    assert share_skewed > 0.35 and share_skewed > 3 * share_uniform
+    # The popular experts are the low-numbered ones (the bias decreases with the expert id).
+    load = torch.bincount(skewed.flatten().long(), minlength=E)  # [E]
+    assert load[:6].sum() > 5 * load[-6:].sum()
+
+
+def test_route_rejects_unknown_routing():
+    """An unknown routing name is a UserError that lists the known ones."""
+    with pytest.raises(UserError) as info:
+        route(4, 8, 2, "zipf", seed=0, device="cpu")
+    assert all(name in str(info.value) for name in ROUTINGS)
+    assert "\n" not in str(info.value)
+
+
+# ----------------------------------------------------------------------------------------
+# align
+# ----------------------------------------------------------------------------------------
+
+# (M, topk, E, block_m)
+ALIGN_CASES = [
+    (3, 2, 8, 16),  # T < block_m: the tile is mostly padding
+    (1, 1, 4, 16),  # M = 1, topk = 1: a single slot, a single tile
+    (1, 8, 64, 16),  # M = 1 decode step of a wide model: 8 experts with one slot each
+    (4, 2, 64, 16),  # most experts get no tokens: they must take no space
+    (20, 2, 7, 16),  # E not a power of two (counts loaded with a mask)
+    (40, 6, 60, 32),  # E not a power of two, 60 experts (Qwen1.5-MoE)
+    (10, 8, 8, 16),  # topk == E: every token goes to every expert
+    (12, 3, 5, 64),  # M smaller than block_m with a tall tile
+    (9, 4, 16, 24),  # block_m not a power of two: the padding tail is masked within a wider range
+    (6, 8, 300, 16),  # 300 experts: the prefix sum runs over 512 lanes, most of them masked
+    (300, 8, 64, 16),  # large-ish T (2400 slots, several scan chunks), small tiles
+    (300, 8, 64, 32),  # the same slots, medium tiles
+    (300, 8, 64, 64),  # the same slots, tall tiles
+]
+
+
+def _router_ids(M: int, topk: int, E: int, seed: int = 0, dtype=torch.int32) -> torch.Tensor:
+    """Random top-k ids as a router makes them: distinct experts per token, [M, topk]."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.rand(M, E, generator=gen).argsort(dim=-1)[:, :topk].to(dtype)
+
+
+def _align_on_device(ids: torch.Tensor, E: int, block_m: int) -> AlignResult:
+    """The Triton align run where kernels run (the GPU if there is one), results brought back to the CPU."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    res = moe_align(ids.to(device), E, block_m)
+    return AlignResult(res.sorted_ids.cpu(), res.expert_ids.cpu(), res.num_padded.cpu())
+
+
+@functools.cache
+def _aligned(case: tuple[int, int, int, int]) -> tuple[torch.Tensor, AlignResult, AlignResult]:
+    """topk_ids of a case, its Triton and its reference alignment (computed once: the interpreter is slow)."""
+    M, topk, E, block_m = case
+    ids = _router_ids(M, topk, E, seed=sum(case))
+    return ids, _align_on_device(ids, E, block_m), moe_align_reference(ids, E, block_m)
+
+
+def _check_definition(res: AlignResult, topk_ids: torch.Tensor, E: int, block_m: int) -> None:
+    """Assert that ``res`` is the alignment of ``topk_ids`` as defined in moebench.routing."""
+    T = topk_ids.numel()
+    flat = topk_ids.flatten().long()  # [T]
+    counts = torch.bincount(flat, minlength=E).tolist()  # [E]
+    bound = max_padded_len(T, E, block_m)
+    assert res.sorted_ids.shape == (bound,) and res.sorted_ids.dtype == torch.int32
+    assert res.expert_ids.shape == (bound // block_m,) and res.expert_ids.dtype == torch.int32
+    assert res.num_padded.shape == (1,) and res.num_padded.dtype == torch.int32
+
+    n = int(res.num_padded.item())
+    assert n == sum(math.ceil(c / block_m) * block_m for c in counts)
+    assert n <= bound and n % block_m == 0
+    used = res.sorted_ids[:n].long()  # [n]
+    assert ((used >= 0) & (used <= T)).all(), "entries are slot ids or the sentinel T"
+
+    real = used[used < T]
+    assert torch.equal(real.sort().values, torch.arange(T)), "every slot appears exactly once"
+
+    blocks = used.view(-1, block_m)  # [n // block_m, block_m]
+    block_experts = res.expert_ids[: n // block_m].long()  # [n // block_m]
+    for b in range(blocks.shape[0]):
+        slots = blocks[b][blocks[b] < T]
+        assert (flat[slots] == block_experts[b]).all(), f"block {b} holds a slot of another expert"
+
+    # Groups: experts ascending, each one contiguous, its count of real slots (ascending) then padding.
+    pos = 0
+    for e in range(E):
+        n_blocks = int((block_experts == e).sum())
+        assert n_blocks == math.ceil(counts[e] / block_m), f"expert {e} has {n_blocks} blocks"
+        if n_blocks == 0:
+            continue
+        first = pos // block_m
+        assert (block_experts[first: first + n_blocks] == e).all(), f"expert {e} is not contiguous"
+        group = used[pos: pos + n_blocks * block_m]
+        assert torch.equal(group[: counts[e]], torch.nonzero(flat == e).flatten())
+        assert (group[counts[e]:] == T).all(), f"expert {e}: padding is not the sentinel T"
+        pos += n_blocks * block_m
+    assert pos == n
+
+
+@pytest.mark.parametrize("case", ALIGN_CASES)
+def test_moe_align_satisfies_definition(case):
+    """The Triton align meets every invariant: each slot once, blocks of one expert, groups padded with T."""
+    M, topk, E, block_m = case
+    ids, triton_res, _ = _aligned(case)
+    _check_definition(triton_res, ids, E, block_m)
+
+
+@pytest.mark.parametrize("case", ALIGN_CASES)
+def test_moe_align_reference_satisfies_definition(case):
+    """The torch reference meets the same invariants (so agreement below is agreement with the definition)."""
+    M, topk, E, block_m = case
+    ids, _, ref = _aligned(case)
+    _check_definition(ref, ids, E, block_m)
+
+
+@pytest.mark.parametrize("case", ALIGN_CASES)
+def test_moe_align_matches_reference(case):
+    """Triton and reference give identical sorted_ids, expert_ids and num_padded (the unused tails too)."""
+    _, got, ref = _aligned(case)
+    n = int(ref.num_padded.item())
+    assert torch.equal(got.num_padded, ref.num_padded)
+    assert torch.equal(got.sorted_ids[:n], ref.sorted_ids[:n])
+    assert torch.equal(got.expert_ids[: n // case[3]], ref.expert_ids[: n // case[3]])
+    # Beyond num_padded both hold the documented filler (T and -1).
+    assert torch.equal(got.sorted_ids, ref.sorted_ids) and torch.equal(got.expert_ids, ref.expert_ids)
+
+
+def test_moe_align_worked_example():
+    """A small case written out by hand: slots 0..3 go to experts 2, 0, 2, 1; expert 3 gets none."""
+    ids = torch.tensor([[2, 0], [2, 1]], dtype=torch.int32)  # [M=2, topk=2]
+    T = 4  # the sentinel; block_m = 4, max_padded_len(4, 4, 4) = 16
+    for fn in (moe_align, moe_align_reference):
+        res = fn(ids, 4, 4)
+        assert res.num_padded.tolist() == [12]
+        #                                expert 0    | expert 1    | expert 2    | unused
+        assert res.sorted_ids.tolist() == [1, T, T, T, 3, T, T, T, 0, 2, T, T, T, T, T, T]
+        assert res.expert_ids.tolist() == [0, 1, 2, -1]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_moe_align_accepts_int32_and_int64_ids(dtype):
+    """Router ids come as int32 (ours) or int64 (torch.topk): both give the reference result."""
+    ids = _router_ids(25, 3, 12, seed=3, dtype=dtype)
+    got, ref = _align_on_device(ids, 12, 16), moe_align_reference(ids, 12, 16)
+    _check_definition(got, ids, 12, 16)
+    assert torch.equal(got.sorted_ids, ref.sorted_ids) and torch.equal(got.expert_ids, ref.expert_ids)
+    assert torch.equal(got.num_padded, ref.num_padded)
+
+
+def test_moe_align_all_slots_to_one_expert():
+    """The most skewed load: every slot on one expert, so one long group of many blocks."""
+    ids = torch.full((700, 1), 5, dtype=torch.int32)  # [M, topk]: 700 slots -> 44 blocks of 16
+    got = _align_on_device(ids, 9, 16)
+    _check_definition(got, ids, 9, 16)
+    assert got.num_padded.item() == 704
+    assert torch.equal(got.sorted_ids, moe_align_reference(ids, 9, 16).sorted_ids)
+
+
+@pytest.mark.parametrize("T,E,block_m,expected", [
+    (4, 4, 4, 16),  # every slot on its own expert: 4 groups of one slot padded to 4
+    (3, 8, 16, 48),  # fewer slots than experts: at most T groups
+    (2400, 64, 16, 3360),  # prefill: 2400 + 64 * 15 = 3360, already a multiple of 16
+    (10, 3, 8, 32),  # 10 + 3 * 7 = 31, rounded up to a multiple of 8
+])
+def test_max_padded_len(T, E, block_m, expected):
+    """The host-side bound follows T + min(T, E) * (block_m - 1), rounded up to block_m."""
+    assert max_padded_len(T, E, block_m) == expected
+
+
+def test_moe_align_rejects_bad_ids():
+    """Ids that are not an integer [M, topk] tensor are a programming error."""
+    with pytest.raises(ValueError):
+        moe_align(torch.zeros(4, 2), 8, 16)
+    with pytest.raises(ValueError):
+        moe_align(torch.zeros(8, dtype=torch.int32), 8, 16)
+
+
+# ----------------------------------------------------------------------------------------
+# no recompilation when the token count changes
+# ----------------------------------------------------------------------------------------
+
+_ALIGN_KERNELS = (routing._count_kernel, routing._scatter_kernel)
+
+
+def _declared_do_not_specialize(kernel) -> tuple:
+    """The do_not_specialize list a kernel was decorated with (JITFunction, or the interpreter's wrapper)."""
+    if hasattr(kernel, "do_not_specialize"):  # triton.runtime.jit.JITFunction (GPU)
+        return tuple(kernel.do_not_specialize)
+    if hasattr(kernel, "kwargs"):  # triton.runtime.interpreter.InterpretedFunction
+        return tuple(kernel.kwargs.get("do_not_specialize") or ())
+    pytest.skip(f"this triton's {type(kernel).__name__} does not expose do_not_specialize")
+
+
+@pytest.mark.parametrize("kernel", _ALIGN_KERNELS, ids=lambda k: k.fn.__name__)
+def test_align_kernels_do_not_specialize_token_count(kernel):
+    """Every align kernel declares the token count do_not_specialize (and names only real parameters)."""
+    params = list(inspect.signature(kernel.fn).parameters)
+    declared = _declared_do_not_specialize(kernel)
+    assert "num_slots" in params and "num_slots" in declared
+    # Triton silently ignores a misspelled name, so check that each declared name is a parameter.
+    assert all(name in params or isinstance(name, int) for name in declared)
+
+
+def _compiled_variants(kernel) -> int:
+    # device_caches[device][0] is the kernel cache in triton 3.6 through 3.9.
+    return sum(len(caches[0]) for caches in kernel.device_caches.values())
+
+
+@pytest.mark.skipif(_interpret.interpreting() or not torch.cuda.is_available(),
+                    reason="the Triton interpreter compiles nothing; checked on the GPU")
+def test_moe_align_does_not_recompile_when_M_changes():
+    """T = 1, 5, 16, 33 span Triton's integer classes (==1, other, %16): still one compile per kernel."""
+    E, block_m = 8, 16
+    moe_align(_router_ids(1, 1, E).cuda(), E, block_m)
+    before = [_compiled_variants(k) for k in _ALIGN_KERNELS]
+    for M in (5, 16, 33):
+        moe_align(_router_ids(M, 1, E).cuda(), E, block_m)
+    torch.cuda.synchronize()
+    assert [_compiled_variants(k) for k in _ALIGN_KERNELS] == before

@@ -1,0 +1,82 @@
+"""Sweep specs: strict YAML, flags, and the plan they expand to."""
+
+from __future__ import annotations
+
+import pytest
+
+from moebench.errors import UserError
+from moebench.spec import build_spec, load_spec
+
+REPO_SWEEPS = __import__("pathlib").Path(__file__).resolve().parent.parent / "sweeps"
+
+
+def _write(tmp_path, text: str):
+    p = tmp_path / "spec.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_shipped_specs_load():
+    """Every spec in sweeps/ parses and names only known models, dtypes and paths."""
+    specs = sorted(REPO_SWEEPS.glob("*.yaml"))
+    assert specs
+    for p in specs:
+        spec = load_spec(p)
+        assert spec.points()
+
+
+def test_quick_spec_is_the_issue_grid():
+    """sweeps/quick.yaml: Mixtral-8x7B and DeepSeek-V3, bf16, five M, triton and cutlass."""
+    spec = load_spec(REPO_SWEEPS / "quick.yaml")
+    assert {s.name for s in spec.shapes} == {"mixtral-8x7b", "deepseek-v3"}
+    assert spec.ms == (1, 16, 128, 1024, 4096) and spec.dtypes == ("bf16",)
+    assert set(spec.paths) == {"triton", "cutlass"}
+    assert len(spec.points()) == 2 * 5 * 2
+
+
+def test_points_share_weights_in_order(tmp_path):
+    """The plan is grouped by (shape, dtype) so the runner builds each weight set once."""
+    spec = load_spec(_write(tmp_path, "models: [tiny, mixtral-8x7b]\nm: [1, 4]\ndtypes: [fp16, fp32]\n"
+                                      "paths: [triton, torch]\n"))
+    keys = [(p.shape.name, p.dtype) for p, _ in spec.points()]
+    changes = sum(1 for a, b in zip(keys, keys[1:]) if a != b)
+    assert changes == len(set(keys)) - 1
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("models: [tiny]\nm: [1]\nbogus: 3\n", "unknown key 'bogus'"),  # strict keys
+    ("models: [tiny\nm: [1]\n", "malformed YAML"),  # broken YAML
+    ("- tiny\n", "mapping"),  # not a mapping
+    ("models: [nosuchmodel]\nm: [1]\n", "unknown model"),  # unknown preset
+    ("models: [tiny]\nm: [0]\n", "M must be positive"),  # impossible M
+    ("models: [tiny]\nm: [1]\ntopk: 9\n", "top-k 9 impossible"),  # top-k > experts
+    ("models: [tiny]\nm: [1]\ndtypes: [int4]\n", "unknown dtype"),  # unknown dtype
+    ("models: [tiny]\nm: [1]\npaths: [magic]\n", "unknown path"),  # unknown path
+    ("shapes: [{experts: 8, hidden: 64}]\nm: [1]\n", "missing 'intermediate'"),  # incomplete shape
+    ("models: [tiny]\nm: [two]\n", "not an integer"),  # non-numeric M
+])
+def test_bad_specs_fail_with_one_line(tmp_path, text, fragment):
+    with pytest.raises(UserError) as info:
+        load_spec(_write(tmp_path, text))
+    msg = str(info.value)
+    assert fragment in msg and "\n" not in msg and "spec.yaml" in msg
+
+
+def test_missing_spec_file(tmp_path):
+    with pytest.raises(UserError, match="no sweep spec"):
+        load_spec(tmp_path / "nope.yaml")
+
+
+def test_flags_build_a_plan_with_tp_and_topk_override():
+    """--tp divides the intermediate size; --topk replaces the model's own top-k."""
+    spec = build_spec("t", models=("deepseek-v3",), ms=(1, 8), topks=(4,), tp=8, paths=("triton",))
+    (shape,) = spec.shapes
+    assert shape.intermediate == 2048 // 8 and shape.topk == 4
+    assert [p.M for p, _ in spec.points()] == [1, 8]
+
+
+def test_explicit_shape_in_yaml(tmp_path):
+    spec = load_spec(_write(tmp_path, "shapes: [{name: mine, experts: 12, hidden: 256, intermediate: 96, "
+                                      "topk: 3}]\nm: [2]\ndtypes: [fp32]\npaths: [torch]\n"))
+    (shape,) = spec.shapes
+    assert (shape.name, shape.experts, shape.hidden, shape.intermediate, shape.topk) == ("mine", 12, 256, 96, 3)
