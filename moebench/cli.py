@@ -105,9 +105,11 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     if spec and flags_given:
         raise UserError("give either a SPEC file or --model/--hf-config/shape flags, not both")
     if spec or not flags_given:
+        if tp != 1 or ep != 1:
+            raise UserError("--tp/--ep shard the flags' models; with a SPEC file set tp/ep in the file")
         path = spec or _default_spec()
         plan = specs.load_spec(path)
-        plan = _override(plan, ms, dtypes, paths, routing, seed)
+        plan = _override(plan, ms, dtypes, paths, routing, seed, topk)
     else:
         shapes = ()
         if any(v is not None for v in shape_flags):
@@ -156,7 +158,7 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     _err.print(f"run folder: {run_dir}")
 
 
-def _override(plan, ms, dtypes, paths, routing, seed):
+def _override(plan, ms, dtypes, paths, routing, seed, topk):
     """Flags given with a spec file override its lists."""
     from dataclasses import replace
 
@@ -173,6 +175,8 @@ def _override(plan, ms, dtypes, paths, routing, seed):
         changes["routing"] = routing
     if seed is not None:
         changes["seed"] = seed
+    if topk:
+        changes["shapes"] = tuple(specs._with_topk(list(plan.shapes), specs._int_list(topk, "--topk")))
     return replace(plan, **changes) if changes else plan
 
 
