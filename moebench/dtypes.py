@@ -47,13 +47,13 @@ FP8 = torch.float8_e4m3fn
 
 # Relative Frobenius error bounds. bf16 rounds the [T, I] intermediate and the
 # output to 8 mantissa bits (~4e-3 each); e4m3 activations carry 3 bits (~3e-2
-# per GEMM on random data); fp32 dots may run as tf32 on the GPU (~3e-4).
+# per GEMM on random data); fp32 dots run as tf32 on the GPU (~1e-3 through both GEMMs).
 DTYPES: dict[str, DtypeSpec] = {
     d.name: d
     for d in (
         DtypeSpec("bf16", torch.bfloat16, torch.bfloat16, None, 2e-2, ""),
         DtypeSpec("fp16", torch.float16, torch.float16, None, 5e-3, ""),
-        DtypeSpec("fp32", torch.float32, torch.float32, None, 2e-3, ",dtype=float32"),
+        DtypeSpec("fp32", torch.float32, torch.float32, None, 5e-3, ",dtype=float32"),
         DtypeSpec("fp8-tensor", FP8, torch.bfloat16, "tensor", 8e-2, ",dtype=fp8_w8a8"),
         DtypeSpec("fp8-channel", FP8, torch.bfloat16, "channel", 8e-2, ",dtype=fp8_w8a8"),
         DtypeSpec(

@@ -1,9 +1,11 @@
 """Ceilings measured in each GPU run, and the roofline floor of a problem.
 
-The floor is the larger of (bytes the layer must move) / (copy bandwidth) and
-FLOPs / (dense matmul rate of its dtype). Ceilings are measured, never
-hard-coded: copy bandwidth counts bytes read plus bytes written; the matmul
-rates come from 8192^3 products on random data.
+The floor is the larger of (bytes the layer must move) / (memory bandwidth)
+and FLOPs / (dense matmul rate of its dtype). Ceilings are measured, never
+hard-coded: copy bandwidth counts bytes read plus bytes written, read
+bandwidth the bytes a full reduction reads; the memory ceiling is the larger
+of the two (an MoE layer mostly reads weights, and streaming reads run faster
+than a copy). The matmul rates come from 8192^3 products on random data.
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ from moebench.timing import time_eager, time_graph
 @dataclass(frozen=True)
 class Ceilings:
     copy_gbps: float  # device-to-device copy, (read + write) bytes / s / 1e9
+    read_gbps: float  # a sum over a large tensor: bytes read / s / 1e9
     bf16_tflops: float  # dense bf16 matmul
     fp8_tflops: float  # dense fp8 e4m3 matmul (torch._scaled_mm), 0 where unsupported
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "mem_gbps": self.mem_gbps}
+
+    @property
+    def mem_gbps(self) -> float:
+        return max(self.copy_gbps, self.read_gbps)
 
     def matmul_tflops(self, dtype: str) -> float:
         return self.fp8_tflops if dtype.startswith("fp8") and self.fp8_tflops > 0 else self.bf16_tflops
@@ -39,6 +46,9 @@ def measure_ceilings(size: int = 8192, copy_bytes: int = 2 << 30) -> Ceilings:
     t = min(time_graph(lambda: dst.copy_(src), min_reps=10, max_reps=30).median_us,
             time_eager(lambda: dst.copy_(src), min_reps=10, max_reps=30).median_us)
     copy_gbps = 2 * copy_bytes / (t * 1e-6) / 1e9
+    total = torch.empty((), device="cuda", dtype=torch.float32)
+    t = time_graph(lambda: torch.sum(src, dtype=torch.float32, out=total), min_reps=10, max_reps=30).median_us
+    read_gbps = copy_bytes / (t * 1e-6) / 1e9
 
     flops = 2 * size**3
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -57,7 +67,7 @@ def measure_ceilings(size: int = 8192, copy_bytes: int = 2 << 30) -> Ceilings:
         fp8_tflops = flops / (t.median_us * 1e-6) / 1e12
     except RuntimeError:  # no fp8 tensor cores (pre-sm89)
         pass
-    return Ceilings(copy_gbps, bf16_tflops, fp8_tflops)
+    return Ceilings(copy_gbps, read_gbps, bf16_tflops, fp8_tflops)
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,6 @@ class Floor:
 
 def floor(problem: Problem, experts_touched: int, ceilings: Ceilings) -> Floor:
     nbytes = problem.min_bytes(experts_touched)
-    mem_us = nbytes / (ceilings.copy_gbps * 1e9) * 1e6
+    mem_us = nbytes / (ceilings.mem_gbps * 1e9) * 1e6
     cmp_us = problem.flops / (ceilings.matmul_tflops(problem.dtype) * 1e12) * 1e6
     return Floor(max(mem_us, cmp_us), "memory" if mem_us >= cmp_us else "compute", nbytes, problem.flops)

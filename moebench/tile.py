@@ -7,7 +7,7 @@ one back unchanged.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from moebench.errors import UserError
 
@@ -55,7 +55,24 @@ class TileConfig:
         return tuple(getattr(self, k) for k in _VLLM_KEYS)
 
 
-def default_config(M: int, experts: int, topk: int, hidden: int, intermediate: int) -> TileConfig:
+SMEM_LIMIT = 227 * 1024  # bytes of shared memory one block may use on sm90
+
+
+def smem_bytes(cfg: TileConfig, elem_bytes: int) -> int:
+    """Pipelined operand tiles of GEMM1 (one A tile, gate and up B tiles) over num_stages buffers."""
+    per_stage = (cfg.BLOCK_SIZE_M + 2 * cfg.BLOCK_SIZE_N) * cfg.BLOCK_SIZE_K * elem_bytes
+    return per_stage * cfg.num_stages
+
+
+def fit_stages(cfg: TileConfig, elem_bytes: int) -> TileConfig:
+    """The config with num_stages lowered until its operand tiles fit in shared memory."""
+    while cfg.num_stages > 1 and smem_bytes(cfg, elem_bytes) > SMEM_LIMIT:
+        cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+    return cfg
+
+
+def default_config(M: int, experts: int, topk: int, hidden: int, intermediate: int,
+                   elem_bytes: int = 2) -> TileConfig:
     """A reasonable untuned tile for ``M`` tokens: small token tiles at decode, large at prefill.
 
     The tile height follows the average number of token slots per expert
@@ -64,9 +81,11 @@ def default_config(M: int, experts: int, topk: int, hidden: int, intermediate: i
     """
     per_expert = M * topk / experts
     if per_expert <= 16:
-        return TileConfig(16, 64, 128, 1, 4, 4)
-    if per_expert <= 32:
-        return TileConfig(32, 64, 128, 1, 4, 4)
-    if per_expert <= 96:
-        return TileConfig(64, 64, 64, 8, 4, 4)
-    return TileConfig(128, 128, 64, 8, 8, 3)
+        cfg = TileConfig(16, 64, 128, 1, 4, 4)
+    elif per_expert <= 32:
+        cfg = TileConfig(32, 64, 128, 1, 4, 4)
+    elif per_expert <= 96:
+        cfg = TileConfig(64, 64, 64, 8, 4, 4)
+    else:
+        cfg = TileConfig(128, 128, 64, 8, 8, 3)
+    return fit_stages(cfg, elem_bytes)

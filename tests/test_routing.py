@@ -242,7 +242,7 @@ def test_moe_align_worked_example():
     """A small case written out by hand: slots 0..3 go to experts 2, 0, 2, 1; expert 3 gets none."""
     ids = torch.tensor([[2, 0], [2, 1]], dtype=torch.int32)  # [M=2, topk=2]
     T = 4  # the sentinel; block_m = 4, max_padded_len(4, 4, 4) = 16
-    for fn in (moe_align, moe_align_reference):
+    for fn in (_align_on_device, moe_align_reference):
         res = fn(ids, 4, 4)
         assert res.num_padded.tolist() == [12]
         #                                expert 0    | expert 1    | expert 2    | unused

@@ -29,7 +29,7 @@ class TritonPath:
 
     def default_config(self, problem: Problem) -> TileConfig:
         s = problem.shape
-        return default_config(problem.M, s.experts, s.topk, s.hidden, s.intermediate)
+        return default_config(problem.M, s.experts, s.topk, s.hidden, s.intermediate, problem.spec.weight_bytes)
 
     def prepare(self, inputs: MoEInputs, problem: Problem, config: TileConfig | None):
         cfg = config or self.default_config(problem)
