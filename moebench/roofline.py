@@ -47,7 +47,7 @@ def measure_ceilings(size: int = 8192, copy_bytes: int = 2 << 30) -> Ceilings:
             time_eager(lambda: dst.copy_(src), min_reps=10, max_reps=30).median_us)
     copy_gbps = 2 * copy_bytes / (t * 1e-6) / 1e9
     total = torch.empty((), device="cuda", dtype=torch.float32)
-    t = time_graph(lambda: torch.sum(src, dtype=torch.float32, out=total), min_reps=10, max_reps=30).median_us
+    t = time_graph(lambda: torch.sum(src, dim=0, dtype=torch.float32, out=total), min_reps=10, max_reps=30).median_us
     read_gbps = copy_bytes / (t * 1e-6) / 1e9
 
     flops = 2 * size**3
