@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from moebench.kernels.stream import read_all
 from moebench.problem import Problem
 from moebench.timing import time_eager, time_graph
 
@@ -46,8 +47,14 @@ def measure_ceilings(size: int = 8192, copy_bytes: int = 2 << 30) -> Ceilings:
     t = min(time_graph(lambda: dst.copy_(src), min_reps=10, max_reps=30).median_us,
             time_eager(lambda: dst.copy_(src), min_reps=10, max_reps=30).median_us)
     copy_gbps = 2 * copy_bytes / (t * 1e-6) / 1e9
+    # Read bandwidth: the fastest of a torch reduction and a few shapes of a streaming-read kernel.
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     total = torch.empty((), device="cuda", dtype=torch.float32)
-    t = time_graph(lambda: torch.sum(src, dim=0, dtype=torch.float32, out=total), min_reps=10, max_reps=30).median_us
+    reads = [lambda: torch.sum(src, dim=0, dtype=torch.float32, out=total)]
+    for per_sm, block in ((4, 4096), (8, 4096), (8, 8192)):
+        partial = torch.empty(sms * per_sm, device="cuda", dtype=torch.float32)
+        reads.append(lambda p=partial, b=block: read_all(src, p, block=b))
+    t = min(time_graph(fn, min_reps=10, max_reps=30).median_us for fn in reads)
     read_gbps = copy_bytes / (t * 1e-6) / 1e9
 
     flops = 2 * size**3
