@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moebench.kernels.stream import read_all
+from moebench.kernels.stream import read_all, read_rows
 from moebench.models import MoEShape
 from moebench.problem import Problem
 from moebench.roofline import Ceilings, floor
@@ -48,3 +48,12 @@ def test_read_kernel_reads_every_element_once(n, programs, block):
     read_all(x, partial, block=block)
     assert torch.isfinite(partial).all()
     assert partial.sum().item() == pytest.approx(x.sum().item(), rel=1e-4, abs=1e-3)
+
+
+def test_row_read_kernel_reads_every_row():
+    """The matrix-shaped ceiling kernel returns each row's sum: every tile was read once."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    w = torch.randn(128, 512, device=device).half()
+    out = torch.full((128,), float("nan"), device=device)
+    read_rows(w, out, block_r=64, block_c=256)
+    torch.testing.assert_close(out, w.float().sum(dim=1), rtol=1e-3, atol=1e-2)
