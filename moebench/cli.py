@@ -242,7 +242,8 @@ def export_configs(run, out_dir, layout):
     tables = configs.best_configs(df)
     if not tables:
         raise UserError(f"{run} has no correct triton rows with a tile config to export")
-    for p in configs.write_tables(tables, out_dir, layout=layout):
+    # SGLang files go in a folder named for the Triton that ran the timings, not the one installed here.
+    for p in configs.write_tables(tables, out_dir, layout=layout, triton_version=meta.get("triton")):
         click.echo(str(p))
 
 
