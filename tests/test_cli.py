@@ -111,3 +111,20 @@ def test_bad_yaml_spec(tmp_path):
     proc = moebench("sweep", str(spec), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and "unknown key 'warmup'" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("layout, folder", [("vllm", ""), ("sglang", "triton_3_6_0")])
+def test_export_configs_from_the_committed_h200_run(tmp_path, layout, folder):
+    """A GPU run exports one loadable table per (E, N, dtype); SGLang's folder names the run's Triton."""
+    from moebench.configs import ConfigTable
+
+    proc = moebench("export-configs", str(ROOT / "results" / "h200-quick"), "--out", str(tmp_path),
+                    "--layout", layout)
+    assert proc.returncode == 0, proc.stderr
+    written = [Path(p) for p in proc.stdout.split()]
+    assert {p.name for p in written} == {"E=8,N=14336,device_name=NVIDIA_H200.json",
+                                        "E=256,N=2048,device_name=NVIDIA_H200.json"}
+    for p in written:
+        assert p.parent == tmp_path / folder if folder else p.parent == tmp_path
+        table = ConfigTable.from_json(p)
+        assert sorted(table) == [1, 16, 128, 1024, 4096]
