@@ -24,6 +24,7 @@ from moebench.problem import MoEInputs, Problem, make_inputs, make_weights
 from moebench.results import RunWriter, new_run_dir
 from moebench.roofline import Ceilings, floor, measure_ceilings
 from moebench.spec import SweepSpec
+from moebench.tile import TileConfig
 from moebench.timing import GRAPH, Timing, time_eager, time_graph, time_wallclock
 
 # Failures of a GPU-side kind that become a row, not a crash: out of resources,
@@ -37,11 +38,13 @@ class Check:
     rel_err: float
 
 
-def check_point(path, problem: Problem, inputs: MoEInputs) -> Check:
+def check_point(path, problem: Problem, inputs: MoEInputs, config: TileConfig | None = None) -> Check:
     """Run ``path`` once on ``inputs`` into a NaN-poisoned output and compare with the fp32 reference."""
     spec = problem.spec
     out = torch.full((problem.M, problem.shape.hidden), float("nan"), device=inputs.x.device, dtype=spec.act)
-    path.prepare(inputs, problem, None if not path.tunable else path.default_config(problem))(out)
+    if path.tunable and config is None:
+        config = path.default_config(problem)
+    path.prepare(inputs, problem, config)(out)
     ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids)
     if not torch.isfinite(out).all():
         return Check(False, float("inf"))
@@ -81,7 +84,7 @@ def run_point(problem: Problem, path_name: str, inputs: MoEInputs, check_inputs:
     if reason:
         return {**row, "status": "unsupported", "error": reason}
     if path.tunable:
-        row["config"] = path.default_config(problem).to_vllm_dict()
+        row["config"] = path.default_config(problem).as_dict()
     touched = inputs.experts_touched
     row.update(experts_touched=touched, bytes=problem.min_bytes(touched))
     try:

@@ -26,6 +26,7 @@ class TileConfig:
     GROUP_SIZE_M: int = 1  # tiles along M visited together, for L2 reuse of weights
     num_warps: int = 4
     num_stages: int = 3
+    swap_ab: bool = False  # compute C^T = W . X^T (moebench's kernels only; not written to vLLM/SGLang files)
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -45,14 +46,18 @@ class TileConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise UserError(f"tile config: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
-        return cls(**{k: int(v) for k, v in d.items()})
+        return cls(**{k: bool(v) if k == "swap_ab" else int(v) for k, v in d.items()})
 
     def to_vllm_dict(self) -> dict[str, int]:
         d = asdict(self)
         return {k: d[k] for k in _VLLM_KEYS}
 
-    def key(self) -> tuple[int, ...]:
-        return tuple(getattr(self, k) for k in _VLLM_KEYS)
+    def as_dict(self) -> dict:
+        """Every field, for moebench's own rows (``to_vllm_dict`` drops what vLLM does not read)."""
+        return asdict(self)
+
+    def key(self) -> tuple:
+        return tuple(asdict(self).values())
 
 
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one block may use on sm90
@@ -72,12 +77,13 @@ def fit_stages(cfg: TileConfig, elem_bytes: int) -> TileConfig:
 
 
 def default_config(M: int, experts: int, topk: int, hidden: int, intermediate: int,
-                   elem_bytes: int = 2) -> TileConfig:
+                   elem_bytes: int = 2, block_k: int | None = None) -> TileConfig:
     """A reasonable untuned tile for ``M`` tokens: small token tiles at decode, large at prefill.
 
     The tile height follows the average number of token slots per expert
     (``M * topk / experts``): padding each expert to a tall tile wastes the
-    tensor core when experts see few tokens.
+    tensor core when experts see few tokens. ``block_k`` pins BLOCK_SIZE_K
+    (128 for 128x128 block-scaled fp8).
     """
     per_expert = M * topk / experts
     if per_expert <= 16:
@@ -88,4 +94,6 @@ def default_config(M: int, experts: int, topk: int, hidden: int, intermediate: i
         cfg = TileConfig(64, 64, 64, 8, 4, 4)
     else:
         cfg = TileConfig(128, 128, 64, 8, 8, 3)
+    if block_k is not None:
+        cfg = replace(cfg, BLOCK_SIZE_K=block_k)
     return fit_stages(cfg, elem_bytes)

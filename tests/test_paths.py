@@ -6,6 +6,8 @@ bf16 dot is wrong); on a CUDA GPU the same tests add bf16 and the CUTLASS path.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ from moebench.tile import TileConfig
 
 GPU = torch.cuda.is_available() and not interpreting()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TRITON_DTYPES = ["fp16", "fp32"] + (["bf16"] if GPU else [])
+TRITON_DTYPES = ["fp16", "fp32", "fp8-tensor", "fp8-channel", "fp8-block128"] + (["bf16"] if GPU else [])
 
 # (experts, hidden, intermediate, topk, M)
 CASES = [
@@ -38,14 +40,17 @@ def _shape(e, h, i, k) -> MoEShape:
     return MoEShape("test", e, h, i, k)
 
 
+@pytest.mark.parametrize("swap_ab", [False, True])
 @pytest.mark.parametrize("dtype", TRITON_DTYPES)
 @pytest.mark.parametrize("case", CASES)
-def test_triton_matches_reference(case, dtype):
-    """The triton path writes every output element and matches the fp32 reference within the dtype's bound."""
+def test_triton_matches_reference(case, dtype, swap_ab):
+    """The triton path, plain and Swap-AB, writes every output element and matches the fp32 reference."""
     e, h, i, k, m = case
     problem = Problem(_shape(e, h, i, k), m, dtype, seed=3)
     inputs = make_inputs(problem, DEVICE, draw=1)
-    result = check_point(get_path("triton"), problem, inputs)
+    path = get_path("triton")
+    config = replace(path.default_config(problem), swap_ab=swap_ab)
+    result = check_point(path, problem, inputs, config)
     assert result.correct, f"rel. error {result.rel_err}"
 
 

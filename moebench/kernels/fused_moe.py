@@ -1,6 +1,6 @@
-"""Fused-MoE grouped GEMMs in Triton (BF16 / FP16 / FP32 weights).
+"""Fused-MoE grouped GEMMs in Triton: BF16/FP16/FP32 and FP8 (tensor, channel, 128x128 block).
 
-The layer is split in two launches after the align step:
+The layer is two launches after the align step:
 
 1. ``_gemm1_swiglu``: for a tile of token slots of one expert, ``x @ w13[e].T``
    with the gate and up halves accumulated side by side, and
@@ -15,6 +15,18 @@ Why two launches and not one: GEMM2 needs the whole ``I``-long row of the
 activation, which GEMM1 spreads over ``cdiv(I, BLOCK_N)`` programs; fusing them
 would need a grid-wide barrier or recomputation.
 
+**Swap-AB** (``SWAP_AB``): the tile is computed transposed, ``C^T = W . X^T``, so
+the expert's output rows (BLOCK_N of them) fill the 64-row operand of Hopper's
+``wgmma`` and the few token slots (BLOCK_M) are the narrow side. Every tile
+index below goes through ``_grid``, which lays a (token, column) pair out as
+``[BLOCK_M, BLOCK_N]`` or, swapped, ``[BLOCK_N, BLOCK_M]``; the epilogue works
+on either layout, so nothing is transposed in registers.
+
+**FP8** (``QUANT``): 0 = none; 1 = one scale per token row of A and per output
+column of B, applied once after the K loop (the per-tensor scheme passes the
+same scale with stride 0); 2 = 128x128 weight blocks and 1x128 activation
+groups, applied at every K step (BLOCK_K must be 128).
+
 Token counts are never compile-time constants: ``num_slots`` is declared
 ``do_not_specialize`` and the grid is sized from shapes alone (an upper bound
 on padded blocks), so a stream of changing ``M`` reuses one compiled kernel
@@ -27,8 +39,46 @@ import torch
 import triton
 import triton.language as tl
 
+from moebench.kernels.act_quant import quantize_act
 from moebench.routing import max_padded_len, moe_align
 from moebench.tile import TileConfig
+
+QUANT_NONE, QUANT_ROWCOL, QUANT_BLOCK = 0, 1, 2
+_QUANT = {None: QUANT_NONE, "tensor": QUANT_ROWCOL, "channel": QUANT_ROWCOL, "block128": QUANT_BLOCK}
+
+
+@triton.jit
+def _grid(m_vec, n_vec, SWAP_AB: tl.constexpr):
+    """Outer sum of a per-token vector [BM] and a per-column vector [BN] in the tile's layout."""
+    if SWAP_AB:
+        return n_vec[:, None] + m_vec[None, :]  # [BN, BM]
+    else:
+        return m_vec[:, None] + n_vec[None, :]  # [BM, BN]
+
+
+@triton.jit
+def _grid_and(m_vec, n_vec, SWAP_AB: tl.constexpr):
+    if SWAP_AB:
+        return n_vec[:, None] & m_vec[None, :]
+    else:
+        return m_vec[:, None] & n_vec[None, :]
+
+
+@triton.jit
+def _grid_mul(m_vec, n_vec, SWAP_AB: tl.constexpr):
+    if SWAP_AB:
+        return n_vec[:, None] * m_vec[None, :]
+    else:
+        return m_vec[:, None] * n_vec[None, :]
+
+
+@triton.jit
+def _mma(a, b, acc, SWAP_AB: tl.constexpr):
+    """acc += a @ b, with a [BM, BK] / b [BK, BN] or, swapped, b [BN, BK] @ a [BK, BM]."""
+    if SWAP_AB:
+        return tl.dot(b, a, acc)
+    else:
+        return tl.dot(a, b, acc)
 
 
 @triton.jit
@@ -52,9 +102,11 @@ def _tile_coords(num_padded_ptr, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 
 @triton.jit(do_not_specialize=["num_slots"])
 def _gemm1_swiglu(
-    x_ptr,  # [M, K] activations
+    x_ptr,  # [M, K] activations (fp8 when QUANT)
     w_ptr,  # [E, 2N, K] gate rows then up rows
     h_ptr,  # [T, N] output activation, row = token slot
+    x_scale_ptr,  # QUANT 1: [M] (stride 0 for one tensor scale); QUANT 2: [M, cdiv(K, 128)]
+    w_scale_ptr,  # QUANT 1: [E, 2N] (stride 0 per tensor); QUANT 2: [E, cdiv(2N, 128), cdiv(K, 128)]
     sorted_ids_ptr,  # [max_padded] slot ids grouped by expert; == num_slots for padding
     expert_ids_ptr,  # [max_blocks]
     num_padded_ptr,  # [1]
@@ -65,11 +117,18 @@ def _gemm1_swiglu(
     stride_we,
     stride_wn,
     stride_hm,
+    stride_xsm,
+    stride_xsk,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
     TOPK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     pid_m, pid_n, valid = _tile_coords(num_padded_ptr, N, BLOCK_M, BLOCK_N, GROUP_M)
     if valid:
@@ -82,33 +141,49 @@ def _gemm1_swiglu(
         n_ok = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
 
-        a_ptrs = x_ptr + tok[:, None] * stride_xm + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
-        g_ptrs = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
+        a_ptrs = x_ptr + _grid(tok * stride_xm, offs_k, SWAP_AB)  # [BM, BK] or [BK, BM]
+        g_ptrs = w_ptr + expert * stride_we + _grid(offs_k, offs_n * stride_wn, SWAP_AB)  # [BK, BN] / [BN, BK]
         u_ptrs = g_ptrs + N * stride_wn
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             k_ok = offs_k < K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            g = tl.load(g_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            u = tl.load(u_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            acc_g = tl.dot(a, g, acc_g)
-            acc_u = tl.dot(a, u, acc_u)
+            a = tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
+            b_mask = _grid_and(k_ok, n_ok, SWAP_AB)
+            g = tl.load(g_ptrs, mask=b_mask, other=0.0)
+            u = tl.load(u_ptrs, mask=b_mask, other=0.0)
+            if QUANT == 2:  # 128x128 blocks: scale each K step's partial product
+                xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)  # [BM]
+                ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
+                gs = tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0)  # [BN]
+                us = tl.load(ws + ((N + offs_n) // 128) * stride_wsn, mask=n_ok, other=0.0)
+                acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * _grid_mul(xs, gs, SWAP_AB)
+                acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * _grid_mul(xs, us, SWAP_AB)
+            else:
+                acc_g = _mma(a, g, acc_g, SWAP_AB)
+                acc_u = _mma(a, u, acc_u, SWAP_AB)
             a_ptrs += BLOCK_K
             g_ptrs += BLOCK_K
             u_ptrs += BLOCK_K
+        if QUANT == 1:  # per-token activation scale x per-column weight scale, once
+            xs = tl.load(x_scale_ptr + tok * stride_xsm)  # [BM]
+            ws = w_scale_ptr + expert * stride_wse
+            acc_g *= _grid_mul(xs, tl.load(ws + offs_n * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
+            acc_u *= _grid_mul(xs, tl.load(ws + (N + offs_n) * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
 
         h = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up
         slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
-        h_ptrs = h_ptr + slot_safe[:, None] * stride_hm + offs_n[None, :]
-        tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+        h_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
+        tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=_grid_and(row_ok, n_ok, SWAP_AB))
 
 
 @triton.jit(do_not_specialize=["num_slots"])
 def _gemm2_combine(
-    h_ptr,  # [T, K] activation from GEMM1
+    h_ptr,  # [T, K] activation from GEMM1 (fp8 when QUANT)
     w_ptr,  # [E, N, K]
     out_ptr,  # [M, N] float32, zeroed; slots of one token add into one row
+    h_scale_ptr,  # QUANT 1: [T] (stride 0 for one tensor scale); QUANT 2: [T, cdiv(K, 128)]
+    w_scale_ptr,  # QUANT 1: [E, N] (stride 0 per tensor); QUANT 2: [E, cdiv(N, 128), cdiv(K, 128)]
     topk_weights_ptr,  # [T] float32 routed weights, row-major [M, topk]
     sorted_ids_ptr,
     expert_ids_ptr,
@@ -120,11 +195,18 @@ def _gemm2_combine(
     stride_we,
     stride_wn,
     stride_om,
+    stride_hsm,
+    stride_hsk,
+    stride_wse,
+    stride_wsn,
+    stride_wsk,
     TOPK: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     pid_m, pid_n, valid = _tile_coords(num_padded_ptr, N, BLOCK_M, BLOCK_N, GROUP_M)
     if valid:
@@ -137,22 +219,33 @@ def _gemm2_combine(
         n_ok = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
 
-        a_ptrs = h_ptr + slot_safe[:, None] * stride_hm + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
-        b_ptrs = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        a_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_k, SWAP_AB)
+        b_ptrs = w_ptr + expert * stride_we + _grid(offs_k, offs_n * stride_wn, SWAP_AB)
+        acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             k_ok = offs_k < K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            acc = tl.dot(a, b, acc)
+            a = tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
+            b = tl.load(b_ptrs, mask=_grid_and(k_ok, n_ok, SWAP_AB), other=0.0)
+            if QUANT == 2:
+                hs = tl.load(h_scale_ptr + slot_safe * stride_hsm + k * stride_hsk)  # [BM]
+                ws = tl.load(w_scale_ptr + expert * stride_wse + (offs_n // 128) * stride_wsn + k * stride_wsk,
+                             mask=n_ok, other=0.0)  # [BN]
+                acc += _mma(a, b, tl.zeros_like(acc), SWAP_AB) * _grid_mul(hs, ws, SWAP_AB)
+            else:
+                acc = _mma(a, b, acc, SWAP_AB)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
 
         routed = tl.load(topk_weights_ptr + slot_safe, mask=row_ok, other=0.0)  # [BLOCK_M]
-        acc = acc * routed[:, None]
+        if QUANT == 1:
+            routed *= tl.load(h_scale_ptr + slot_safe * stride_hsm)
+            ws = tl.load(w_scale_ptr + expert * stride_wse + offs_n * stride_wsn, mask=n_ok, other=0.0)
+            acc *= _grid_mul(routed, ws, SWAP_AB)
+        else:
+            acc *= _grid_mul(routed, tl.full((BLOCK_N,), 1.0, tl.float32), SWAP_AB)
         tok = slot_safe // TOPK
-        out_ptrs = out_ptr + tok[:, None] * stride_om + offs_n[None, :]
-        tl.atomic_add(out_ptrs, acc, mask=row_ok[:, None] & n_ok[None, :])
+        tl.atomic_add(out_ptr + _grid(tok * stride_om, offs_n, SWAP_AB), acc,
+                      mask=_grid_and(row_ok, n_ok, SWAP_AB))
 
 
 def _launch_args(cfg: TileConfig) -> dict:
@@ -161,19 +254,34 @@ def _launch_args(cfg: TileConfig) -> dict:
         BLOCK_N=cfg.BLOCK_SIZE_N,
         BLOCK_K=cfg.BLOCK_SIZE_K,
         GROUP_M=cfg.GROUP_SIZE_M,
+        SWAP_AB=cfg.swap_ab,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
 
 
+def _scale_strides(scale: torch.Tensor | None, ndim: int, one_value: bool = False) -> tuple[int, ...]:
+    """Strides of a scale tensor as the kernels index it ([rows(, k-groups)] or [E(, n-blocks, k-blocks)]).
+
+    Missing trailing dims get stride 0: a per-expert scale [E] serves every column. ``one_value``
+    (a per-tensor activation scale [1]) gives stride 0 everywhere: every row reads element 0.
+    """
+    if scale is None or one_value:
+        return (0,) * ndim
+    return tuple(scale.stride()) + (0,) * (ndim - scale.dim())
+
+
 def fused_moe(
-    x: torch.Tensor,  # [M, hidden]
+    x: torch.Tensor,  # [M, hidden] bf16/fp16/fp32
     w13: torch.Tensor,  # [E, 2I, hidden]
     w2: torch.Tensor,  # [E, hidden, I]
     topk_weights: torch.Tensor,  # [M, topk] float32
     topk_ids: torch.Tensor,  # [M, topk] int32
     config: TileConfig,
     out: torch.Tensor | None = None,  # [M, hidden], x's dtype
+    fp8_scheme: str | None = None,  # None, "tensor", "channel", "block128"
+    w13_scale: torch.Tensor | None = None,  # moebench.quant's weight-scale layouts
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The whole MoE layer from routed tokens to the output, with no host synchronization."""
     M, H = x.shape
@@ -183,28 +291,35 @@ def fused_moe(
     T = M * topk
     assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1, "last dims must be contiguous"
     assert topk_weights.is_contiguous() and topk_weights.dtype == torch.float32
+    quant = _QUANT[fp8_scheme]
+    assert quant != QUANT_BLOCK or config.BLOCK_SIZE_K == 128, "128x128 block scales need BLOCK_SIZE_K = 128"
+    per_tensor = fp8_scheme == "tensor"
     bm = config.BLOCK_SIZE_M
+    args = _launch_args(config)
 
+    a1, a1_scale = (x, None) if quant == QUANT_NONE else quantize_act(x, fp8_scheme)  # [M, H] fp8
     align = moe_align(topk_ids, E, bm)
     max_blocks = max_padded_len(T, E, bm) // bm
 
-    h = torch.empty(T, I, device=x.device, dtype=x.dtype)  # [T, I]
-    grid1 = (max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N),)
-    _gemm1_swiglu[grid1](
-        x, w13, h, align.sorted_ids, align.expert_ids, align.num_padded,
-        T, I, H, x.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
-        TOPK=topk, **_launch_args(config),
+    act_dtype = x.dtype
+    h = torch.empty(T, I, device=x.device, dtype=act_dtype)  # [T, I]
+    _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N),)](
+        a1, w13, h, a1_scale, w13_scale, align.sorted_ids, align.expert_ids, align.num_padded,
+        T, I, H, a1.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
+        *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3),
+        TOPK=topk, QUANT=quant, **args,
     )
 
+    a2, a2_scale = (h, None) if quant == QUANT_NONE else quantize_act(h, fp8_scheme)  # [T, I] fp8
     if out is None:
-        out = torch.empty(M, H, device=x.device, dtype=x.dtype)
+        out = torch.empty(M, H, device=x.device, dtype=act_dtype)
     acc = out if out.dtype == torch.float32 else torch.empty(M, H, device=x.device, dtype=torch.float32)
     acc.zero_()
-    grid2 = (max_blocks * triton.cdiv(H, config.BLOCK_SIZE_N),)
-    _gemm2_combine[grid2](
-        h, w2, acc, topk_weights, align.sorted_ids, align.expert_ids, align.num_padded,
-        T, H, I, h.stride(0), w2.stride(0), w2.stride(1), acc.stride(0),
-        TOPK=topk, **_launch_args(config),
+    _gemm2_combine[(max_blocks * triton.cdiv(H, config.BLOCK_SIZE_N),)](
+        a2, w2, acc, a2_scale, w2_scale, topk_weights, align.sorted_ids, align.expert_ids, align.num_padded,
+        T, H, I, a2.stride(0), w2.stride(0), w2.stride(1), acc.stride(0),
+        *_scale_strides(a2_scale, 2, per_tensor), *_scale_strides(w2_scale, 3),
+        TOPK=topk, QUANT=quant, **args,
     )
     if acc is not out:
         out.copy_(acc)

@@ -9,8 +9,6 @@ from moebench.paths.base import Target, register
 from moebench.problem import MoEInputs, Problem
 from moebench.tile import TileConfig, default_config
 
-_DTYPES = ("bf16", "fp16", "fp32")
-
 
 class TritonPath:
     name = "triton"
@@ -19,24 +17,26 @@ class TritonPath:
     graph_safe = True
 
     def supports(self, problem: Problem, target: Target) -> str | None:
-        if problem.dtype not in _DTYPES:
-            return f"the triton path runs {', '.join(_DTYPES)} so far, not {problem.dtype}"
         if problem.dtype == "bf16" and target.interpreter:
             return "the Triton interpreter computes bf16 tl.dot wrongly; use fp16 or fp32 on the CPU"
         if target.device.type != "cuda" and not target.interpreter:
             return "Triton kernels need a CUDA GPU or the interpreter (TRITON_INTERPRET=1)"
+        if problem.spec.is_fp8 and target.capability is not None and target.capability < (8, 9):
+            return "fp8 tensor cores need sm89 or newer"
         return None
 
     def default_config(self, problem: Problem) -> TileConfig:
-        s = problem.shape
-        return default_config(problem.M, s.experts, s.topk, s.hidden, s.intermediate, problem.spec.weight_bytes)
+        s, spec = problem.shape, problem.spec
+        return default_config(problem.M, s.experts, s.topk, s.hidden, s.intermediate, spec.weight_bytes,
+                              block_k=128 if spec.fp8_scheme == "block128" else None)
 
     def prepare(self, inputs: MoEInputs, problem: Problem, config: TileConfig | None):
         cfg = config or self.default_config(problem)
         w = inputs.weights
 
         def run(out: torch.Tensor) -> None:
-            fused_moe(inputs.x, w.w13, w.w2, inputs.topk_weights, inputs.topk_ids, cfg, out=out)
+            fused_moe(inputs.x, w.w13, w.w2, inputs.topk_weights, inputs.topk_ids, cfg, out=out,
+                      fp8_scheme=w.fp8_scheme, w13_scale=w.w13_scale, w2_scale=w.w2_scale)
 
         return run
 

@@ -1,0 +1,115 @@
+"""Dynamic FP8 (e4m3) quantization of activations, with no host synchronization.
+
+Rows are tokens (GEMM1's input ``x [M, K]``) or token slots (GEMM2's input
+``h [T, I]``). The three granularities match the weight schemes:
+
+- ``tensor``:   one scale for the whole tensor -> scale ``[1]``
+- ``channel``:  one scale per row (per token)  -> scale ``[R]``
+- ``block128``: one scale per 1x128 group      -> scale ``[R, cdiv(K, 128)]``
+
+``tensor`` and ``channel`` take two launches (row maxima, then quantize; for
+``tensor`` every program reduces the row maxima itself, so no global barrier
+or host sync is needed); ``block128`` takes one.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from moebench._interpret import interpreting
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+GROUP = 128
+
+
+@triton.jit
+def _to_fp8(v, dtype, ROUND_FIRST: tl.constexpr):
+    """Cast float32 ``v`` (already within +-448) to e4m3.
+
+    The Triton interpreter's float32 -> fp8 cast drops the carry when rounding crosses a
+    power of two (126.0 becomes 64.0). Under the interpreter the value is first rounded
+    to e4m3's 3 mantissa bits in float32, so the cast is exact; GPUs cast natively.
+    """
+    if ROUND_FIRST:
+        exponent = tl.floor(tl.log2(tl.maximum(tl.abs(v), 0.015625)))  # subnormals below 2^-6
+        quantum = tl.exp2(exponent - 3.0)
+        v = tl.floor(v / quantum + 0.5) * quantum
+    return v.to(dtype)
+
+
+@triton.jit
+def _row_amax(x_ptr, amax_ptr, K, stride_x, BLOCK_K: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    m = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        offs = k + tl.arange(0, BLOCK_K)
+        v = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
+        m = tl.maximum(m, tl.abs(v))
+    tl.store(amax_ptr + row, tl.max(m, axis=0))
+
+
+@triton.jit(do_not_specialize=["R"])
+def _quantize_rows(x_ptr, q_ptr, amax_ptr, scale_ptr, R, K, stride_x, stride_q,
+                   PER_TENSOR: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+                   ROUND_FIRST: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    if PER_TENSOR:  # every program reduces all row maxima: no second launch, no atomics
+        m = tl.zeros((BLOCK_R,), dtype=tl.float32)
+        for r in range(0, R, BLOCK_R):
+            offs_r = r + tl.arange(0, BLOCK_R)
+            m = tl.maximum(m, tl.load(amax_ptr + offs_r, mask=offs_r < R, other=0.0))
+        amax = tl.max(m, axis=0)
+    else:
+        amax = tl.load(amax_ptr + row)
+    scale = tl.maximum(amax, 1e-12) / 448.0
+    for k in range(0, K, BLOCK_K):
+        offs = k + tl.arange(0, BLOCK_K)
+        v = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
+        q = _to_fp8(tl.minimum(tl.maximum(v / scale, -448.0), 448.0), q_ptr.dtype.element_ty, ROUND_FIRST)
+        tl.store(q_ptr + row * stride_q + offs, q, mask=offs < K)
+    if PER_TENSOR:
+        if row == 0:
+            tl.store(scale_ptr, scale)
+    else:
+        tl.store(scale_ptr + row, scale)
+
+
+@triton.jit
+def _quantize_groups(x_ptr, q_ptr, scale_ptr, K, stride_x, stride_q, stride_s, GROUP_K: tl.constexpr,
+                     ROUND_FIRST: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    offs = g * GROUP_K + tl.arange(0, GROUP_K)
+    v = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12) / 448.0
+    q = _to_fp8(tl.minimum(tl.maximum(v / scale, -448.0), 448.0), q_ptr.dtype.element_ty, ROUND_FIRST)
+    tl.store(q_ptr + row * stride_q + offs, q, mask=offs < K)
+    tl.store(scale_ptr + row * stride_s + g, scale)
+
+
+def quantize_act(x: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, K] (bf16/fp16/fp32) -> (fp8 [R, K], float32 scale shaped as the module doc says)."""
+    R, K = x.shape
+    assert x.stride(1) == 1
+    q = torch.empty(R, K, device=x.device, dtype=FP8)
+    block_k = min(1024, triton.next_power_of_2(K))
+    if scheme == "block128":
+        groups = triton.cdiv(K, GROUP)
+        scale = torch.empty(R, groups, device=x.device, dtype=torch.float32)
+        if R:
+            _quantize_groups[(R, groups)](x, q, scale, K, x.stride(0), q.stride(0), scale.stride(0),
+                                          GROUP_K=GROUP, ROUND_FIRST=interpreting())
+        return q, scale
+    per_tensor = scheme == "tensor"
+    if scheme not in ("tensor", "channel"):
+        raise ValueError(f"unknown fp8 scheme {scheme!r}")
+    amax = torch.empty(R, device=x.device, dtype=torch.float32)
+    scale = torch.empty(1 if per_tensor else R, device=x.device, dtype=torch.float32)
+    if R:
+        _row_amax[(R,)](x, amax, K, x.stride(0), BLOCK_K=block_k)
+        _quantize_rows[(R,)](x, q, amax, scale, R, K, x.stride(0), q.stride(0), PER_TENSOR=per_tensor,
+                             BLOCK_K=block_k, BLOCK_R=1024, ROUND_FIRST=interpreting())
+    return q, scale

@@ -1,0 +1,50 @@
+"""Activation quantization kernels against the torch definitions in moebench.quant."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moebench.kernels.act_quant import quantize_act
+from moebench.quant import FP8_MAX, quantize_rows, quantize_tensor
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 64), (7, 300), (33, 1024)])  # one row; K not a multiple of 128; wide
+def test_per_token_matches_torch(rows, cols):
+    x = torch.randn(rows, cols, device=DEVICE) * 3
+    q, s = quantize_act(x, "channel")
+    q_ref, s_ref = quantize_rows(x)
+    torch.testing.assert_close(s, s_ref)
+    assert torch.equal(q.float(), q_ref.float())
+
+
+def test_per_tensor_matches_torch_and_has_one_scale():
+    x = torch.randn(19, 200, device=DEVICE).bfloat16()
+    q, s = quantize_act(x, "tensor")
+    q_ref, s_ref = quantize_tensor(x)
+    assert s.shape == (1,)
+    torch.testing.assert_close(s[0], s_ref)
+    assert torch.equal(q.float(), q_ref.float())
+
+
+def test_block128_groups_round_trip():
+    """Each 1x128 group has its own scale; dequantized values are within half an e4m3 step of the input."""
+    x = torch.randn(5, 300, device=DEVICE)
+    x[:, 128:256] *= 100  # groups of very different range get different scales
+    q, s = quantize_act(x, "block128")
+    assert s.shape == (5, 3)
+    groups = torch.nn.functional.pad(x, (0, 84)).view(5, 3, 128)
+    torch.testing.assert_close(s, groups.abs().amax(dim=2) / FP8_MAX)
+    back = q.float() * s.repeat_interleave(128, dim=1)[:, :300]
+    assert ((back - x).abs() <= x.abs() / 16 + s.repeat_interleave(128, dim=1)[:, :300]).all()
+
+
+def test_values_that_round_up_across_a_power_of_two():
+    """126.0 / scale rounds to 128 in e4m3 (the interpreter's own cast would give 64)."""
+    x = torch.tensor([[448.0, 126.0, -127.0, 31.7, 0.001]], device=DEVICE)
+    q, s = quantize_act(x, "channel")
+    assert s.item() == 1.0
+    assert q.float().tolist() == x.to(torch.float8_e4m3fn).float().tolist()  # torch's cast, scale 1
+    assert q.float()[0, 1].item() == 128.0
