@@ -88,9 +88,10 @@ def cli() -> None:
               help="Where the run folder is created.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS),
               help="Printed output.")
+@click.option("--tune", is_flag=True, help="Try the tile-config candidates for the triton path (a row each).")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
 def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dtypes, paths, routing, seed, tp,
-          ep, out_dir, fmt, progress):
+          ep, out_dir, fmt, tune, progress):
     """Run a sweep from SPEC (a YAML file in sweeps/) or from flags, write a run folder, print tables.
 
     With neither, runs sweeps/quick.yaml on a GPU, or sweeps/cpu.yaml (a tiny shape on
@@ -109,7 +110,16 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
             raise UserError("--tp/--ep shard the flags' models; with a SPEC file set tp/ep in the file")
         path = spec or _default_spec()
         plan = specs.load_spec(path)
-        plan = _override(plan, ms, dtypes, paths, routing, seed, topk)
+        plan = specs.override(
+            plan,
+            ms=specs._int_list(ms, "--m") if ms else None,
+            dtypes=specs._str_list(dtypes) or None,
+            paths=specs._str_list(paths) or None,
+            topks=specs._int_list(topk, "--topk") if topk else None,
+            routing=routing,
+            seed=seed,
+            tune=tune or None,
+        )
     else:
         shapes = ()
         if any(v is not None for v in shape_flags):
@@ -131,6 +141,7 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
             seed=seed or 0,
             tp=tp,
             ep=ep,
+            tune=tune,
         )
     from moebench._interpret import interpreting
     from moebench.paths import Target
@@ -156,28 +167,6 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     meta, df = load_run(run_dir)
     _print_tables(meta, df, fmt, out)
     _err.print(f"run folder: {run_dir}")
-
-
-def _override(plan, ms, dtypes, paths, routing, seed, topk):
-    """Flags given with a spec file override its lists."""
-    from dataclasses import replace
-
-    from moebench import spec as specs
-
-    changes = {}
-    if ms:
-        changes["ms"] = specs._int_list(ms, "--m")
-    if dtypes:
-        changes["dtypes"] = specs._str_list(dtypes)
-    if paths:
-        changes["paths"] = specs._str_list(paths)
-    if routing:
-        changes["routing"] = routing
-    if seed is not None:
-        changes["seed"] = seed
-    if topk:
-        changes["shapes"] = tuple(specs._with_topk(list(plan.shapes), specs._int_list(topk, "--topk")))
-    return replace(plan, **changes) if changes else plan
 
 
 @cli.command()
@@ -245,6 +234,29 @@ def export_configs(run, out_dir, layout):
     # SGLang files go in a folder named for the Triton that ran the timings, not the one installed here.
     for p in configs.write_tables(tables, out_dir, layout=layout, triton_version=meta.get("triton")):
         click.echo(str(p))
+
+
+@cli.command()
+@click.option("--model", default="mixtral-8x7b", show_default=True, help="Preset whose shape is compiled.")
+@click.option("--dtype", default="bf16", show_default=True, help="Dtype name.")
+@click.option("--m", "m", default=16, show_default=True, help="Token count (picks the tile candidates).")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+def isa(model, dtype, m, fmt):
+    """Count the matrix instructions (wgmma/HGMMA/QGMMA vs mma.sync/HMMA) of the triton kernels (GPU only)."""
+    import pandas as pd
+
+    from moebench import report
+    from moebench.isa import matrix_instructions
+    from moebench.models import get_model
+    from moebench.problem import Problem
+    from moebench.tuning import candidates
+
+    problem = Problem(get_model(model), m, dtype)
+    table = pd.DataFrame(matrix_instructions(problem, candidates(problem)))
+    if fmt == "table":
+        report.render(table, "table", f"matrix instructions: {model} {dtype} M={m}", console=_console())
+    else:
+        _emit(report.render(table, fmt, "isa"))
 
 
 @cli.command()

@@ -26,6 +26,7 @@ from moebench.roofline import Ceilings, floor, measure_ceilings
 from moebench.spec import SweepSpec
 from moebench.tile import TileConfig
 from moebench.timing import GRAPH, Timing, time_eager, time_graph, time_wallclock
+from moebench.tuning import candidates
 
 # Failures of a GPU-side kind that become a row, not a crash: out of resources,
 # compile errors, and what CUDA or PyTorch report as RuntimeError.
@@ -38,29 +39,31 @@ class Check:
     rel_err: float
 
 
-def check_point(path, problem: Problem, inputs: MoEInputs, config: TileConfig | None = None) -> Check:
+def check_point(path, problem: Problem, inputs: MoEInputs, config: TileConfig | None = None,
+                ref: torch.Tensor | None = None) -> Check:
     """Run ``path`` once on ``inputs`` into a NaN-poisoned output and compare with the fp32 reference."""
     spec = problem.spec
     out = torch.full((problem.M, problem.shape.hidden), float("nan"), device=inputs.x.device, dtype=spec.act)
     if path.tunable and config is None:
         config = path.default_config(problem)
     path.prepare(inputs, problem, config)(out)
-    ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids)
+    if ref is None:
+        ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids)
     if not torch.isfinite(out).all():
         return Check(False, float("inf"))
     rel = (torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
     return Check(rel <= spec.rtol, rel)
 
 
-def time_point(path, problem: Problem, inputs: MoEInputs, target: Target) -> Timing:
+def time_point(path, problem: Problem, inputs: MoEInputs, target: Target, config: TileConfig | None = None,
+               budget_s: float = 0.3) -> Timing:
     out = torch.empty(problem.M, problem.shape.hidden, device=inputs.x.device, dtype=problem.spec.act)
-    cfg = path.default_config(problem) if path.tunable else None
-    run = path.prepare(inputs, problem, cfg)
+    run = path.prepare(inputs, problem, config)
     if target.interpreter:
         return time_wallclock(lambda: run(out))
     if path.graph_safe:
-        return time_graph(lambda: run(out))
-    return time_eager(lambda: run(out))
+        return time_graph(lambda: run(out), budget_s=budget_s)
+    return time_eager(lambda: run(out), budget_s=budget_s)
 
 
 def _base_row(problem: Problem, path_name: str, target: Target) -> dict:
@@ -76,27 +79,29 @@ def _base_row(problem: Problem, path_name: str, target: Target) -> dict:
 
 
 def run_point(problem: Problem, path_name: str, inputs: MoEInputs, check_inputs: MoEInputs, target: Target,
-              ceilings: Ceilings | None) -> dict:
-    """One row: check, then time, then place against the roofline floor."""
+              ceilings: Ceilings | None, config: TileConfig | None = None, ref: torch.Tensor | None = None,
+              budget_s: float = 0.3) -> dict:
+    """One row: check (on ``check_inputs``, against ``ref`` if given), then time, then place on the roofline."""
     path = get_path(path_name)
     row = _base_row(problem, path_name, target)
     reason = path.supports(problem, target)
     if reason:
         return {**row, "status": "unsupported", "error": reason}
     if path.tunable:
-        row["config"] = path.default_config(problem).as_dict()
+        config = config or path.default_config(problem)
+        row["config"] = config.as_dict()
     touched = inputs.experts_touched
     row.update(experts_touched=touched, bytes=problem.min_bytes(touched))
     try:
         if path.baseline:  # the reference itself
             chk = Check(True, 0.0)
         else:
-            chk = check_point(path, problem, check_inputs)
+            chk = check_point(path, problem, check_inputs, config, ref)
         row.update(correct=chk.correct, rel_err=chk.rel_err)
         if not chk.correct:
             return {**row, "status": "incorrect",
                     "error": f"rel. error {chk.rel_err:.3g} > {problem.spec.rtol:g} against the fp32 reference"}
-        t = time_point(path, problem, inputs, target)
+        t = time_point(path, problem, inputs, target, config, budget_s)
     except _GPU_ERRORS as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return {**row, "status": "error", "error": f"{type(e).__name__}: {first}"[:300]}
@@ -108,6 +113,13 @@ def run_point(problem: Problem, path_name: str, inputs: MoEInputs, check_inputs:
         f = floor(problem, touched, ceilings)
         row.update(floor_us=f.floor_us, bound=f.bound, pct_of_floor=100.0 * f.floor_us / t.median_us)
     return row
+
+
+def configs_for(path, problem: Problem, tune: bool) -> list[TileConfig | None]:
+    """The tile configs a point is run with: the candidates when tuning a tunable path, else one."""
+    if not path.tunable:
+        return [None]
+    return candidates(problem) if tune else [path.default_config(problem)]
 
 
 def validate(spec: SweepSpec, target: Target) -> None:
@@ -136,7 +148,7 @@ def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | 
         meta["ceilings"] = ceilings.as_dict()
     writer = RunWriter(new_run_dir(out_base, spec.name), meta)
     if on_start:
-        on_start(len(points))
+        on_start(sum(len(configs_for(get_path(n), p, spec.tune)) for p, n in points))
     status = "interrupted"
     try:
         for (shape, dtype), group in groupby(points, key=lambda pp: (pp[0].shape, pp[0].dtype)):
@@ -149,15 +161,24 @@ def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | 
                 if weights is not None:
                     inputs = make_inputs(by_m[0][0], target.device, weights, draw=0)
                     check_inputs = make_inputs(by_m[0][0], target.device, weights, draw=1)
+                ref = None  # the fp32 reference on check_inputs, computed once for all paths and configs
                 for problem, path_name in by_m:
+                    path = get_path(path_name)
                     if inputs is None:
                         row = _base_row(problem, path_name, target)
-                        row.update(status="unsupported", error=get_path(path_name).supports(problem, target))
+                        row.update(status="unsupported", error=path.supports(problem, target))
+                        rows = [row]
                     else:
-                        row = run_point(problem, path_name, inputs, check_inputs, target, ceilings)
-                    writer.append(row)
-                    if on_row:
-                        on_row(row)
+                        if ref is None and not path.baseline and not path.supports(problem, target):
+                            ci = check_inputs
+                            ref = moe_reference(ci.x, ci.weights, ci.topk_weights, ci.topk_ids)
+                        rows = (run_point(problem, path_name, inputs, check_inputs, target, ceilings, cfg, ref,
+                                          budget_s=0.1 if spec.tune else 0.3)
+                                for cfg in configs_for(path, problem, spec.tune))
+                    for row in rows:
+                        writer.append(row)
+                        if on_row:
+                            on_row(row)
             del weights
             if target.device.type == "cuda":
                 torch.cuda.empty_cache()

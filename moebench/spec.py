@@ -40,44 +40,87 @@ SPEC_KEYS = {
     "seed": "int",
     "tp": "tensor-parallel degree (divides intermediate)",
     "ep": "expert-parallel degree (divides experts)",
+    "tune": "try the tile-config candidates of moebench.tuning for tunable paths (one row each)",
+    "runs": "a list of blocks, each a mapping of block keys that override the top level's",
 }
+# Keys that describe one block of the plan (a product of shapes x dtypes x M x paths).
+BLOCK_KEYS = ("models", "hf_configs", "shapes", "m", "topk", "dtypes", "paths", "tp", "ep")
 SHAPE_KEYS = ("name", "experts", "hidden", "intermediate", "topk", "moe_layers")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One product of the plan: every shape x dtype x M x path."""
+
+    shapes: tuple[MoEShape, ...]
+    ms: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    paths: tuple[str, ...]
+
+    def validate(self, name: str) -> None:
+        for field, value in (("models/shapes", self.shapes), ("m", self.ms), ("dtypes", self.dtypes),
+                             ("paths", self.paths)):
+            if not value:
+                raise UserError(f"sweep '{name}': {field} is empty")
+        for m in self.ms:
+            if m <= 0:
+                raise UserError(f"sweep '{name}': M must be positive, got {m}")
+        for d in self.dtypes:
+            get_dtype(d)
+        for p in self.paths:
+            get_path(p)
+
+
+def _union(items) -> tuple:
+    return tuple(dict.fromkeys(items))
 
 
 @dataclass(frozen=True)
 class SweepSpec:
     name: str
-    shapes: tuple[MoEShape, ...]
-    ms: tuple[int, ...]
-    dtypes: tuple[str, ...]
-    paths: tuple[str, ...]
+    blocks: tuple[Block, ...]
     routing: str = "uniform"
     seed: int = 0
+    tune: bool = False
 
     def __post_init__(self) -> None:
-        for field, value in (("models/shapes", self.shapes), ("m", self.ms), ("dtypes", self.dtypes),
-                             ("paths", self.paths)):
-            if not value:
-                raise UserError(f"sweep '{self.name}': {field} is empty")
-        for m in self.ms:
-            if m <= 0:
-                raise UserError(f"sweep '{self.name}': M must be positive, got {m}")
-        for d in self.dtypes:
-            get_dtype(d)
-        for p in self.paths:
-            get_path(p)
+        if not self.blocks:
+            raise UserError(f"sweep '{self.name}': nothing to run")
+        for b in self.blocks:
+            b.validate(self.name)
         if self.routing not in ROUTINGS:
             raise UserError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
 
+    shapes = property(lambda self: _union(s for b in self.blocks for s in b.shapes))
+    ms = property(lambda self: _union(m for b in self.blocks for m in b.ms))
+    dtypes = property(lambda self: _union(d for b in self.blocks for d in b.dtypes))
+    paths = property(lambda self: _union(p for b in self.blocks for p in b.paths))
+
     def points(self) -> list[tuple[Problem, str]]:
-        """The plan, grouped so one (shape, dtype) shares its weights: shape, dtype, M, path."""
+        """The plan, grouped so one (shape, dtype) shares its weights: block, shape, dtype, M, path."""
         return [
             (Problem(shape, m, dtype, self.routing, self.seed), path)
-            for shape in self.shapes
-            for dtype in self.dtypes
-            for m in self.ms
-            for path in self.paths
+            for b in self.blocks
+            for shape in b.shapes
+            for dtype in b.dtypes
+            for m in b.ms
+            for path in b.paths
         ]
+
+
+
+def override(spec: SweepSpec, ms: tuple[int, ...] | None = None, dtypes: tuple[str, ...] | None = None,
+             paths: tuple[str, ...] | None = None, topks: tuple[int, ...] | None = None,
+             routing: str | None = None, seed: int | None = None, tune: bool | None = None) -> SweepSpec:
+    """Flags given with a spec file: each one given replaces that list in every block."""
+    blocks = []
+    for b in spec.blocks:
+        changes = {k: v for k, v in (("ms", ms), ("dtypes", dtypes), ("paths", paths)) if v}
+        if topks:
+            changes["shapes"] = tuple(_with_topk(list(b.shapes), topks))
+        blocks.append(replace(b, **changes))
+    top = {k: v for k, v in (("routing", routing), ("seed", seed), ("tune", tune)) if v is not None}
+    return replace(spec, blocks=tuple(blocks), **top)
 
 
 def _int_list(value, what: str) -> tuple[int, ...]:
@@ -102,6 +145,12 @@ def _str_list(value) -> tuple[str, ...]:
     return tuple(p.strip() for v in value or [] for p in str(v).split(",") if p.strip())
 
 
+def _bool(value, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise UserError(f"{what}: expected true or false, got {value!r}")
+    return value
+
+
 def _with_topk(shapes: list[MoEShape], topks: tuple[int, ...]) -> list[MoEShape]:
     if not topks:
         return shapes
@@ -114,8 +163,7 @@ def _with_topk(shapes: list[MoEShape], topks: tuple[int, ...]) -> list[MoEShape]
     return out
 
 
-def build_spec(
-    name: str,
+def build_block(
     models: tuple[str, ...] = (),
     hf_configs: tuple[str | Path, ...] = (),
     shapes: tuple[MoEShape, ...] = (),
@@ -123,17 +171,19 @@ def build_spec(
     topks: tuple[int, ...] = (),
     dtypes: tuple[str, ...] = ("bf16",),
     paths: tuple[str, ...] = ("triton", "cutlass"),
-    routing: str = "uniform",
-    seed: int = 0,
     tp: int = 1,
     ep: int = 1,
-) -> SweepSpec:
+) -> Block:
     base = [get_model(m) for m in models] + [from_hf_config(p) for p in hf_configs] + list(shapes)
     if not base:
         raise UserError("nothing to sweep: give a spec file, --model, --hf-config or an explicit shape")
     sharded = [shard(s, tp=tp, ep=ep) for s in base]
-    return SweepSpec(name, tuple(_with_topk(sharded, topks)), tuple(ms), tuple(dtypes), tuple(paths),
-                     routing, seed)
+    return Block(tuple(_with_topk(sharded, topks)), tuple(ms), tuple(dtypes), tuple(paths))
+
+
+def build_spec(name: str, routing: str = "uniform", seed: int = 0, tune: bool = False, **block) -> SweepSpec:
+    """A one-block spec from flags (the keyword arguments of ``build_block``)."""
+    return SweepSpec(name, (build_block(**block),), routing, seed, tune)
 
 
 def explicit_shape(experts: int, hidden: int, intermediate: int, topk: int, name: str | None = None,
@@ -158,37 +208,54 @@ def load_spec(path: str | Path) -> SweepSpec:
     unknown = [k for k in data if k not in SPEC_KEYS]
     if unknown:
         raise UserError(f"{path}: unknown key {unknown[0]!r}; known keys: {', '.join(SPEC_KEYS)}")
-    shapes = []
-    for i, s in enumerate(data.get("shapes") or []):
-        if not isinstance(s, dict):
-            raise UserError(f"{path}: shapes[{i}] must be a mapping of {', '.join(SHAPE_KEYS)}")
-        bad = [k for k in s if k not in SHAPE_KEYS]
-        missing = [k for k in SHAPE_KEYS[1:5] if k not in s]
-        if bad or missing:
-            what = f"unknown key {bad[0]!r}" if bad else f"missing {missing[0]!r}"
-            raise UserError(f"{path}: shapes[{i}]: {what}; keys: {', '.join(SHAPE_KEYS)}")
-        try:
-            shapes.append(explicit_shape(int(s["experts"]), int(s["hidden"]), int(s["intermediate"]),
-                                         int(s["topk"]), s.get("name"), int(s.get("moe_layers", 1))))
-        except (TypeError, ValueError):
-            raise UserError(f"{path}: shapes[{i}]: sizes must be integers") from None
-    hf = [(path.parent / p) for p in _str_list(data.get("hf_configs"))]
+    runs = data.get("runs")
+    if runs is not None and (not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs)):
+        raise UserError(f"{path}: runs must be a list of mappings of {', '.join(BLOCK_KEYS)}")
+    defaults = {k: v for k, v in data.items() if k in BLOCK_KEYS}
     try:
-        return build_spec(
+        blocks = []
+        for i, run in enumerate(runs or [{}]):
+            bad = [k for k in run if k not in BLOCK_KEYS]
+            if bad:
+                raise UserError(f"runs[{i}]: unknown key {bad[0]!r}; block keys: {', '.join(BLOCK_KEYS)}")
+            blocks.append(_block(path, {**defaults, **run}))
+        return SweepSpec(
             name=str(data.get("name") or path.stem),
-            models=_str_list(data.get("models")),
-            hf_configs=tuple(hf),
-            shapes=tuple(shapes),
-            ms=_int_list(data.get("m"), f"{path}: m"),
-            topks=_int_list(data.get("topk"), f"{path}: topk"),
-            dtypes=_str_list(data.get("dtypes")) or ("bf16",),
-            paths=_str_list(data.get("paths")) or ("triton", "cutlass"),
+            blocks=tuple(blocks),
             routing=str(data.get("routing", "uniform")),
             seed=int(data.get("seed", 0)),
-            tp=int(data.get("tp", 1)),
-            ep=int(data.get("ep", 1)),
+            tune=_bool(data.get("tune", False), "tune"),
         )
     except UserError as e:
         raise UserError(f"{path}: {e}") from None
     except (TypeError, ValueError) as e:
         raise UserError(f"{path}: {e}") from None
+
+
+def _block(path: Path, data: dict) -> Block:
+    """One block from the block keys of a spec file (the top level merged with one entry of runs)."""
+    shapes = []
+    for i, s in enumerate(data.get("shapes") or []):
+        if not isinstance(s, dict):
+            raise UserError(f"shapes[{i}] must be a mapping of {', '.join(SHAPE_KEYS)}")
+        bad = [k for k in s if k not in SHAPE_KEYS]
+        missing = [k for k in SHAPE_KEYS[1:5] if k not in s]
+        if bad or missing:
+            what = f"unknown key {bad[0]!r}" if bad else f"missing {missing[0]!r}"
+            raise UserError(f"shapes[{i}]: {what}; keys: {', '.join(SHAPE_KEYS)}")
+        try:
+            shapes.append(explicit_shape(int(s["experts"]), int(s["hidden"]), int(s["intermediate"]),
+                                         int(s["topk"]), s.get("name"), int(s.get("moe_layers", 1))))
+        except (TypeError, ValueError):
+            raise UserError(f"shapes[{i}]: sizes must be integers") from None
+    return build_block(
+        models=_str_list(data.get("models")),
+        hf_configs=tuple(path.parent / p for p in _str_list(data.get("hf_configs"))),
+        shapes=tuple(shapes),
+        ms=_int_list(data.get("m"), "m"),
+        topks=_int_list(data.get("topk"), "topk"),
+        dtypes=_str_list(data.get("dtypes")) or ("bf16",),
+        paths=_str_list(data.get("paths")) or ("triton", "cutlass"),
+        tp=int(data.get("tp", 1)),
+        ep=int(data.get("ep", 1)),
+    )

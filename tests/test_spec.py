@@ -80,3 +80,19 @@ def test_explicit_shape_in_yaml(tmp_path):
                                       "topk: 3}]\nm: [2]\ndtypes: [fp32]\npaths: [torch]\n"))
     (shape,) = spec.shapes
     assert (shape.name, shape.experts, shape.hidden, shape.intermediate, shape.topk) == ("mine", 12, 256, 96, 3)
+
+
+def test_h200_kernel_spec_has_the_35_points_of_the_kernel_goal():
+    """Blocks under `runs` inherit the top level: 5 (model, dtype) pairs x 7 M for the triton path."""
+    spec = load_spec(REPO_SWEEPS / "h200-kernels.yaml")
+    triton = [(p.shape.name, p.dtype, p.M) for p, path in spec.points() if path == "triton"]
+    assert len(triton) == len(set(triton)) == 35
+    assert {(n, d) for n, d, _ in triton} == {
+        ("mixtral-8x7b", "bf16"), ("mixtral-8x7b", "fp8-tensor"), ("qwen3-30b-a3b", "bf16"),
+        ("qwen3-30b-a3b", "fp8-block128"), ("deepseek-v3@tp8", "fp8-block128")}
+    assert spec.tune and next(s for s in spec.shapes if s.name == "deepseek-v3@tp8").intermediate == 256
+
+
+def test_runs_entries_are_strict(tmp_path):
+    with pytest.raises(UserError, match=r"runs\[0\]: unknown key 'seed'"):
+        load_spec(_write(tmp_path, "m: [1]\nruns:\n  - {models: [tiny], seed: 3}\n"))

@@ -282,6 +282,7 @@ def fused_moe(
     fp8_scheme: str | None = None,  # None, "tensor", "channel", "block128"
     w13_scale: torch.Tensor | None = None,  # moebench.quant's weight-scale layouts
     w2_scale: torch.Tensor | None = None,
+    compiled: list | None = None,  # if given, the two GEMMs' compiled kernels are appended (ISA inspection)
 ) -> torch.Tensor:
     """The whole MoE layer from routed tokens to the output, with no host synchronization."""
     M, H = x.shape
@@ -303,7 +304,7 @@ def fused_moe(
 
     act_dtype = x.dtype
     h = torch.empty(T, I, device=x.device, dtype=act_dtype)  # [T, I]
-    _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N),)](
+    k1 = _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N),)](
         a1, w13, h, a1_scale, w13_scale, align.sorted_ids, align.expert_ids, align.num_padded,
         T, I, H, a1.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
         *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3),
@@ -315,7 +316,7 @@ def fused_moe(
         out = torch.empty(M, H, device=x.device, dtype=act_dtype)
     acc = out if out.dtype == torch.float32 else torch.empty(M, H, device=x.device, dtype=torch.float32)
     acc.zero_()
-    _gemm2_combine[(max_blocks * triton.cdiv(H, config.BLOCK_SIZE_N),)](
+    k2 = _gemm2_combine[(max_blocks * triton.cdiv(H, config.BLOCK_SIZE_N),)](
         a2, w2, acc, a2_scale, w2_scale, topk_weights, align.sorted_ids, align.expert_ids, align.num_padded,
         T, H, I, a2.stride(0), w2.stride(0), w2.stride(1), acc.stride(0),
         *_scale_strides(a2_scale, 2, per_tensor), *_scale_strides(w2_scale, 3),
@@ -323,4 +324,6 @@ def fused_moe(
     )
     if acc is not out:
         out.copy_(acc)
+    if compiled is not None:
+        compiled.extend((k1, k2))
     return out

@@ -1,0 +1,50 @@
+"""The tile-config search space: a small pruned list of candidates per problem.
+
+The token tile height follows the average slots per expert (``M * topk / E``),
+as in ``tile.default_config``; around it a handful of shapes that are known
+to do well on Hopper for grouped GEMMs are tried, each with and without
+Swap-AB, so a sweep reports both and keeps the faster. Each candidate is
+checked against the reference before it is timed (the runner does that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from moebench.problem import Problem
+from moebench.tile import TileConfig, fit_stages
+
+T = TileConfig
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages) per class of slots per expert.
+_DECODE = (T(16, 64, 128, 1, 4, 4), T(16, 128, 128, 1, 4, 3), T(16, 64, 256, 1, 4, 3), T(16, 32, 256, 1, 4, 4))
+_SMALL = (T(32, 64, 128, 1, 4, 4), T(32, 128, 128, 1, 4, 3), T(16, 64, 128, 1, 4, 4), T(64, 64, 128, 1, 4, 3))
+_MID = (T(64, 64, 64, 8, 4, 4), T(64, 128, 64, 8, 4, 4), T(64, 128, 128, 8, 4, 3), T(128, 64, 64, 8, 4, 4))
+_LARGE = (T(128, 128, 64, 8, 8, 3), T(128, 128, 64, 8, 8, 4), T(128, 256, 64, 8, 8, 3), T(64, 128, 64, 8, 4, 4))
+
+
+def _classes(per_expert: float) -> tuple[TileConfig, ...]:
+    if per_expert <= 16:
+        return _DECODE
+    if per_expert <= 48:
+        return _SMALL
+    if per_expert <= 192:
+        return _MID
+    return _LARGE
+
+
+def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> list[TileConfig]:
+    """Distinct configs to try for ``problem``: the class's shapes x Swap-AB, fitted to shared memory."""
+    s, spec = problem.shape, problem.spec
+    per_expert = problem.M * s.topk / s.experts
+    out: dict[tuple, TileConfig] = {}
+    for base in _classes(per_expert):
+        cfg = base
+        if spec.fp8_scheme == "block128":
+            cfg = replace(cfg, BLOCK_SIZE_K=128)  # one weight-scale block per K step
+        elif spec.is_fp8 and cfg.BLOCK_SIZE_K < 128:
+            cfg = replace(cfg, BLOCK_SIZE_K=2 * cfg.BLOCK_SIZE_K)  # same bytes per step as bf16
+        cfg = fit_stages(cfg, spec.weight_bytes)
+        for swap in swap_ab:
+            c = replace(cfg, swap_ab=swap)
+            out.setdefault(c.key(), c)
+    return list(out.values())

@@ -1,0 +1,36 @@
+"""The tile-config search space."""
+
+from __future__ import annotations
+
+import pytest
+
+from moebench.models import get_model, shard
+from moebench.problem import Problem
+from moebench.tile import SMEM_LIMIT, smem_bytes
+from moebench.tuning import candidates
+
+POINTS = [
+    (get_model("mixtral-8x7b"), 1, "bf16"),  # decode: 16-row tiles
+    (get_model("mixtral-8x7b"), 4096, "fp8-tensor"),  # prefill: tall tiles, fp8 doubles BLOCK_K
+    (get_model("qwen3-30b-a3b"), 64, "fp8-block128"),  # block scales pin BLOCK_K to 128
+    (shard(get_model("deepseek-v3"), tp=8), 1024, "fp8-block128"),
+]
+
+
+@pytest.mark.parametrize("shape, M, dtype", POINTS)
+def test_candidates_are_distinct_fit_and_come_with_and_without_swap(shape, M, dtype):
+    problem = Problem(shape, M, dtype)
+    cands = candidates(problem)
+    assert len({c.key() for c in cands}) == len(cands) >= 4
+    assert {c.swap_ab for c in cands} == {False, True}
+    for c in cands:
+        assert smem_bytes(c, problem.spec.weight_bytes) <= SMEM_LIMIT or c.num_stages == 1
+        if dtype == "fp8-block128":
+            assert c.BLOCK_SIZE_K == 128
+
+
+def test_tile_height_grows_with_tokens_per_expert():
+    shape = get_model("mixtral-8x7b")
+    small = max(c.BLOCK_SIZE_M for c in candidates(Problem(shape, 1, "bf16")))
+    large = max(c.BLOCK_SIZE_M for c in candidates(Problem(shape, 4096, "bf16")))
+    assert small == 16 and large >= 128
