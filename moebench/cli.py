@@ -259,6 +259,38 @@ def isa(model, dtype, m, fmt):
         _emit(report.render(table, fmt, "isa"))
 
 
+@cli.command("profile")
+@click.option("--model", default="mixtral-8x7b", show_default=True, help="Preset name.")
+@click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree.")
+@click.option("--dtype", default="bf16", show_default=True, help="Dtype name.")
+@click.option("--m", "m", default=16, show_default=True, help="Token count.")
+@click.option("--path", "path_name", default="triton", show_default=True, help="Path to profile.")
+@click.option("--config", "config_json", default=None, help='Tile config as JSON, e.g. \'{"BLOCK_SIZE_M": 16, ...}\'.')
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+def profile_cmd(model, tp, dtype, m, path_name, config_json, fmt):
+    """GPU time per kernel of one MoE layer (PyTorch profiler; GPU only)."""
+    import json
+
+    import pandas as pd
+
+    from moebench import report
+    from moebench.models import get_model, shard
+    from moebench.problem import Problem
+    from moebench.profile import kernel_breakdown
+    from moebench.tile import TileConfig
+
+    try:
+        config = TileConfig.from_dict(json.loads(config_json)) if config_json else None
+    except json.JSONDecodeError as e:
+        raise UserError(f"--config is not JSON: {e.msg}") from None
+    problem = Problem(shard(get_model(model), tp=tp), m, dtype)
+    table = pd.DataFrame(kernel_breakdown(problem, path_name, config))
+    if fmt == "table":
+        report.render(table, "table", f"{path_name}: {problem.shape.name} {dtype} M={m}", console=_console())
+    else:
+        _emit(report.render(table, fmt, "profile"))
+
+
 @cli.command()
 def models():
     """List the model presets."""

@@ -2,7 +2,8 @@
 
 On Hopper the tensor-core path is ``wgmma.mma_async`` in PTX, ``HGMMA`` (16-bit)
 or ``QGMMA`` (fp8) in SASS; ``mma.sync`` / ``HMMA`` is the older, slower path.
-This compiles the two GEMMs for a problem and tile configs and counts them.
+This compiles the two GEMMs for a problem and tile configs and counts them,
+with the registers per thread and the spills the compiler reports.
 """
 
 from __future__ import annotations
@@ -44,5 +45,6 @@ def matrix_instructions(problem: Problem, configs: list[TileConfig]) -> list[dic
             row = {"kernel": name, "swap_ab": cfg.swap_ab, "BLOCK_M": cfg.BLOCK_SIZE_M,
                    "BLOCK_N": cfg.BLOCK_SIZE_N, "BLOCK_K": cfg.BLOCK_SIZE_K, "warps": cfg.num_warps}
             row.update({f"{kind}:{op}": _count(k, kind, op) for kind, op in OPS})
+            row.update(regs=getattr(k, "n_regs", None), spills=getattr(k, "n_spills", None))
             rows.append(row)
     return rows

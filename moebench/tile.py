@@ -27,6 +27,7 @@ class TileConfig:
     num_warps: int = 4
     num_stages: int = 3
     swap_ab: bool = False  # compute C^T = W . X^T (moebench's kernels only; not written to vLLM/SGLang files)
+    atomic_sum: bool = True  # top-k sum by atomics in GEMM2's epilogue, else rows stored then summed (moebench only)
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -46,7 +47,8 @@ class TileConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise UserError(f"tile config: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
-        return cls(**{k: bool(v) if k == "swap_ab" else int(v) for k, v in d.items()})
+        flags = ("swap_ab", "atomic_sum")
+        return cls(**{k: bool(v) if k in flags else int(v) for k, v in d.items()})
 
     def to_vllm_dict(self) -> dict[str, int]:
         d = asdict(self)

@@ -33,18 +33,25 @@ def _classes(per_expert: float) -> tuple[TileConfig, ...]:
 
 
 def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> list[TileConfig]:
-    """Distinct configs to try for ``problem``: the class's shapes x Swap-AB, fitted to shared memory."""
+    """Distinct configs to try for ``problem``: the class's shapes x Swap-AB (x the top-k sum's two
+    forms where tiles are tall), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
+    tall = per_expert > 48
     out: dict[tuple, TileConfig] = {}
     for base in _classes(per_expert):
         cfg = base
         if spec.fp8_scheme == "block128":
             cfg = replace(cfg, BLOCK_SIZE_K=128)  # one weight-scale block per K step
+            if cfg.BLOCK_SIZE_M * cfg.BLOCK_SIZE_N >= 64 * 128:
+                # Per-step scaling keeps two more tiles live in GEMM1: at 4 warps a 64x128 tile
+                # spilled 82-186 registers on an H200 (moebench isa), so give it 8.
+                cfg = replace(cfg, num_warps=8)
         elif spec.is_fp8 and cfg.BLOCK_SIZE_K < 128:
             cfg = replace(cfg, BLOCK_SIZE_K=2 * cfg.BLOCK_SIZE_K)  # same bytes per step as bf16
         cfg = fit_stages(cfg, spec.weight_bytes)
         for swap in swap_ab:
-            c = replace(cfg, swap_ab=swap)
-            out.setdefault(c.key(), c)
+            for atomic in ((True, False) if tall and s.topk > 1 else (True,)):
+                c = replace(cfg, swap_ab=swap, atomic_sum=atomic)
+                out.setdefault(c.key(), c)
     return list(out.values())

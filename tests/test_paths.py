@@ -58,6 +58,7 @@ def test_triton_matches_reference(case, dtype, swap_ab):
     TileConfig(16, 32, 32, 1, 4, 2),  # smallest tiles: many K steps
     TileConfig(32, 64, 16, 4, 4, 2),  # grouped tile order
     TileConfig(64, 16, 64, 2, 4, 2),  # tile taller than any expert's share
+    TileConfig(32, 32, 32, 1, 4, 2, swap_ab=True, atomic_sum=False),  # rows stored, then summed over top-k
 ])
 def test_triton_any_tile_config_is_correct(config):
     """Correctness does not depend on the tile config (padding, grouping, K tail)."""
@@ -127,3 +128,15 @@ def test_no_recompile_as_token_count_changes():
         torch.cuda.synchronize()
         counts.append((variants(fm._gemm1_swiglu), variants(fm._gemm2_combine)))
     assert len(set(counts)) == 1, counts
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp8-channel", "fp8-block128"] + (["bf16"] if GPU else []))
+@pytest.mark.parametrize("case", [CASES[2], CASES[3]])
+def test_stored_topk_sum_matches_reference(case, dtype):
+    """GEMM2 storing each slot's row and summing after gives the same layer as the atomic epilogue."""
+    e, h, i, k, m = case
+    problem = Problem(_shape(e, h, i, k), m, dtype, seed=4)
+    path = get_path("triton")
+    config = replace(path.default_config(problem), atomic_sum=False)
+    result = check_point(path, problem, make_inputs(problem, DEVICE, draw=1), config)
+    assert result.correct, f"rel. error {result.rel_err}"

@@ -34,3 +34,15 @@ def test_tile_height_grows_with_tokens_per_expert():
     small = max(c.BLOCK_SIZE_M for c in candidates(Problem(shape, 1, "bf16")))
     large = max(c.BLOCK_SIZE_M for c in candidates(Problem(shape, 4096, "bf16")))
     assert small == 16 and large >= 128
+
+
+def test_tall_tiles_try_both_forms_of_the_topk_sum():
+    """Prefill candidates include the stored-rows top-k sum; decode keeps the atomic epilogue only."""
+    shape = get_model("qwen3-30b-a3b")
+    assert {c.atomic_sum for c in candidates(Problem(shape, 4096, "bf16"))} == {True, False}
+    assert {c.atomic_sum for c in candidates(Problem(shape, 1, "bf16"))} == {True}
+
+
+def test_block128_tall_tiles_get_eight_warps():
+    cands = candidates(Problem(get_model("qwen3-30b-a3b"), 4096, "fp8-block128"))
+    assert all(c.num_warps == 8 for c in cands if c.BLOCK_SIZE_M * c.BLOCK_SIZE_N >= 64 * 128)
