@@ -172,14 +172,26 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
 @cli.command()
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
-def report(run, fmt):
+@click.option("--gains", is_flag=True,
+              help="Instead: per triton point, best config and the Swap-AB, fp8 and vs-cutlass gains.")
+def report(run, fmt, gains):
     """Print the throughput and TTFT tables of a run folder."""
+    from moebench import report as rep
     from moebench.results import load_run, schema_warning
 
     meta, df = load_run(run)
     if w := schema_warning(meta, str(run)):
         _err.print(w)
-    _print_tables(meta, df, fmt, _console())
+    if not gains:
+        _print_tables(meta, df, fmt, _console())
+        return
+    table = rep.gains_table(df)
+    if fmt == "table":
+        rep.render(table, "table", f"triton gains: {run}", console=_console())
+        geo, low = rep.geomean_pct_of_floor(table)
+        _console().print(f"{len(table)} points: geometric mean {geo:.1f}% of floor, lowest {low:.1f}%")
+    else:
+        _emit(rep.render(table, fmt, "gains"))
 
 
 @cli.command()

@@ -108,6 +108,60 @@ def ttft_table(df: pd.DataFrame, prompt_lens: list[int] | None = None) -> pd.Dat
     return out
 
 
+GAINS_COLUMNS = ["model", "dtype", "M", "time_us", "pct_of_floor", "config", "swap_gain", "fp8_gain",
+                 "vs_cutlass"]
+
+
+def _short_config(c: dict) -> str:
+    text = f"{c['BLOCK_SIZE_M']}x{c['BLOCK_SIZE_N']}x{c['BLOCK_SIZE_K']} w{c['num_warps']} s{c['num_stages']}"
+    if c.get("swap_ab"):
+        text += " swap"
+    if c.get("atomic_sum") is False:
+        text += " stored-sum"
+    return text
+
+
+def gains_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per point of the triton path: its best time and config, and three ratios (> 1: the first is faster).
+
+    ``swap_gain`` = best no-swap time / best Swap-AB time (needs a tuned run with both);
+    ``fp8_gain`` = the same model and M in bf16 / this fp8 time; ``vs_cutlass`` = cutlass / triton time.
+    """
+    ok = df[(df["status"] == "ok") & df["time_us"].notna()]
+    tri = ok[ok["path"] == "triton"]
+    if tri.empty:
+        return pd.DataFrame(columns=GAINS_COLUMNS)
+    key = ["model", "dtype", "M"]
+    swap = tri["config"].map(lambda c: bool(isinstance(c, dict) and c.get("swap_ab")))
+    best = tri.sort_values("time_us", kind="stable").drop_duplicates(key).set_index(key)
+    plain = tri[~swap].groupby(key)["time_us"].min()
+    swapped = tri[swap].groupby(key)["time_us"].min()
+    cutlass = ok[ok["path"] == "cutlass"].groupby(key)["time_us"].min()
+    bf16 = best.xs("bf16", level="dtype")["time_us"] if "bf16" in best.index.get_level_values("dtype") else None
+    out = pd.DataFrame({
+        "time_us": best["time_us"].astype(float),
+        "pct_of_floor": best["pct_of_floor"],
+        "config": best["config"].map(lambda c: _short_config(c) if isinstance(c, dict) else None),
+        "swap_gain": plain.reindex(best.index) / swapped.reindex(best.index),
+        "vs_cutlass": cutlass.reindex(best.index) / best["time_us"],
+    })
+    out["fp8_gain"] = [
+        bf16.get((model, m), float("nan")) / t if bf16 is not None and dtype.startswith("fp8") else float("nan")
+        for (model, dtype, m), t in out["time_us"].items()
+    ]
+    out = out.reset_index().sort_values(key, kind="stable").reset_index(drop=True)[GAINS_COLUMNS]
+    out.attrs["caption"] = interpreter_caption(df)
+    return out
+
+
+def geomean_pct_of_floor(gains: pd.DataFrame) -> tuple[float, float]:
+    """(geometric mean, minimum) of pct_of_floor over the points of a gains table."""
+    pct = gains["pct_of_floor"].dropna().astype(float)
+    if pct.empty:
+        return float("nan"), float("nan")
+    return float(np.exp(np.log(pct).mean())), float(pct.min())
+
+
 # ---- rendering ----------------------------------------------------------------------------------
 
 def _fixed(decimals: int, suffix: str = "") -> Callable[[float], str]:
@@ -123,6 +177,9 @@ _COLUMN_FORMATS: dict[str, Callable[[float], str]] = {
     "ratio": lambda v: f"{v:.3f}",
     "noise": lambda v: f"±{100 * v:.1f}%",
     "rel_err": lambda v: f"{v:.2e}",
+    "swap_gain": _fixed(2, "x"),
+    "fp8_gain": _fixed(2, "x"),
+    "vs_cutlass": _fixed(2, "x"),
 }
 _VERDICT_STYLES = {"FASTER": "bold green", "SLOWER": "bold red", "SAME": "dim"}
 

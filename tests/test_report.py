@@ -202,3 +202,31 @@ def test_render_unknown_format_is_a_user_error():
 )
 def test_format_cell(column, value, expected):
     assert format_cell(column, value) == expected
+
+
+def _tuned_rows() -> pd.DataFrame:
+    """A tuned run by hand: two configs per triton point (plain and Swap-AB), bf16 and fp8, one cutlass row."""
+    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
+           "num_stages": 3}
+    rows = []
+    for dtype, plain, swapped, pct in (("bf16", 100.0, 80.0, 50.0), ("fp8-tensor", 60.0, 50.0, 40.0)):
+        for swap, t in ((False, plain), (True, swapped)):
+            rows.append(dict(model="m", dtype=dtype, M=1, path="triton", status="ok", time_us=t,
+                             pct_of_floor=pct * swapped / t, config={**cfg, "swap_ab": swap}, interpreter=False))
+    rows.append(dict(model="m", dtype="bf16", M=1, path="cutlass", status="ok", time_us=160.0, pct_of_floor=25.0,
+                     config=None, interpreter=False))
+    return pd.DataFrame(rows)
+
+
+def test_gains_table_ratios_come_from_the_rows():
+    """swap_gain = best plain / best swapped; fp8_gain = bf16 best / fp8 best; vs_cutlass = cutlass / triton."""
+    from moebench.report import gains_table, geomean_pct_of_floor
+
+    g = gains_table(_tuned_rows()).set_index("dtype")
+    assert g.loc["bf16", "time_us"] == 80.0 and g.loc["bf16", "config"].endswith("swap")
+    assert g.loc["bf16", "swap_gain"] == pytest.approx(100 / 80)
+    assert g.loc["fp8-tensor", "fp8_gain"] == pytest.approx(80 / 50)
+    assert g.loc["bf16", "vs_cutlass"] == pytest.approx(160 / 80)
+    assert pd.isna(g.loc["fp8-tensor", "vs_cutlass"]) and pd.isna(g.loc["bf16", "fp8_gain"])
+    geo, low = geomean_pct_of_floor(g)
+    assert geo == pytest.approx((50 * 40) ** 0.5) and low == 40
