@@ -28,6 +28,7 @@ class TileConfig:
     num_stages: int = 3
     swap_ab: bool = False  # compute C^T = W . X^T (moebench's kernels only; not written to vLLM/SGLang files)
     atomic_sum: bool = True  # top-k sum by atomics in GEMM2's epilogue, else rows stored then summed (moebench only)
+    split_k: int = 1  # GEMM1 programs per output tile, each over a share of K (moebench only)
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -38,6 +39,8 @@ class TileConfig:
             raise UserError(f"tile config: GROUP_SIZE_M={self.GROUP_SIZE_M} must be >= 1")
         if not _pow2(self.num_warps) or self.num_warps > 16:
             raise UserError(f"tile config: num_warps={self.num_warps} must be 1, 2, 4, 8 or 16")
+        if self.split_k < 1:
+            raise UserError(f"tile config: split_k={self.split_k} must be >= 1")
         if self.num_stages < 1:
             raise UserError(f"tile config: num_stages={self.num_stages} must be >= 1")
 

@@ -3,7 +3,8 @@
 The token tile height follows the average slots per expert (``M * topk / E``),
 as in ``tile.default_config``; around it a handful of shapes that are known
 to do well on Hopper for grouped GEMMs are tried, each with and without
-Swap-AB, so a sweep reports both and keeps the faster. Each candidate is
+Swap-AB, so a sweep reports both and keeps the faster; where GEMM1's grid
+would leave SMs idle, a split-K variant is added. Each candidate is
 checked against the reference before it is timed (the runner does that).
 """
 
@@ -15,6 +16,7 @@ from moebench.problem import Problem
 from moebench.tile import TileConfig, fit_stages
 
 T = TileConfig
+SMS = 132  # H100/H200 SXM multiprocessors: the grid size split-K aims to fill
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages) per class of slots per expert.
 _DECODE = (T(16, 64, 128, 1, 4, 4), T(16, 128, 128, 1, 4, 3), T(16, 64, 256, 1, 4, 3), T(16, 32, 256, 1, 4, 4))
 _SMALL = (T(32, 64, 128, 1, 4, 4), T(32, 128, 128, 1, 4, 3), T(16, 64, 128, 1, 4, 4), T(64, 64, 128, 1, 4, 3))
@@ -32,9 +34,24 @@ def _classes(per_expert: float) -> tuple[TileConfig, ...]:
     return _LARGE
 
 
+def split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
+    """A GEMM1 split-K factor that gives about two programs per SM, or 1 when the grid is full enough.
+
+    GEMM1 runs (experts touched, at most M * topk) x cdiv(I, BLOCK_N) programs; each split
+    keeps at least two K steps.
+    """
+    s = problem.shape
+    programs = min(s.experts, problem.M * s.topk) * -(-s.intermediate // cfg.BLOCK_SIZE_N)
+    k_steps = -(-s.hidden // cfg.BLOCK_SIZE_K)
+    split = 1
+    while programs * split < 2 * sms and split * 2 <= k_steps // 2:
+        split *= 2
+    return split
+
+
 def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> list[TileConfig]:
     """Distinct configs to try for ``problem``: the class's shapes x Swap-AB (x the top-k sum's two
-    forms where tiles are tall), fitted to shared memory."""
+    forms where tiles are tall; x a split-K variant where GEMM1's grid is small), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
     tall = per_expert > 48
@@ -50,8 +67,10 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
         elif spec.is_fp8 and cfg.BLOCK_SIZE_K < 128:
             cfg = replace(cfg, BLOCK_SIZE_K=2 * cfg.BLOCK_SIZE_K)  # same bytes per step as bf16
         cfg = fit_stages(cfg, spec.weight_bytes)
+        splits = sorted({1, split_for(problem, cfg)})
         for swap in swap_ab:
             for atomic in ((True, False) if tall and s.topk > 1 else (True,)):
-                c = replace(cfg, swap_ab=swap, atomic_sum=atomic)
-                out.setdefault(c.key(), c)
+                for split in splits:
+                    c = replace(cfg, swap_ab=swap, atomic_sum=atomic, split_k=split)
+                    out.setdefault(c.key(), c)
     return list(out.values())

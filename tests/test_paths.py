@@ -59,6 +59,8 @@ def test_triton_matches_reference(case, dtype, swap_ab):
     TileConfig(32, 64, 16, 4, 4, 2),  # grouped tile order
     TileConfig(64, 16, 64, 2, 4, 2),  # tile taller than any expert's share
     TileConfig(32, 32, 32, 1, 4, 2, swap_ab=True, atomic_sum=False),  # rows stored, then summed over top-k
+    TileConfig(16, 16, 16, 1, 4, 2, split_k=4),  # split-K GEMM1: 6 K steps over 4 splits, one split short
+    TileConfig(16, 32, 32, 1, 4, 2, swap_ab=True, split_k=8),  # more splits than K steps: empty splits add 0
 ])
 def test_triton_any_tile_config_is_correct(config):
     """Correctness does not depend on the tile config (padding, grouping, K tail)."""
@@ -138,5 +140,16 @@ def test_stored_topk_sum_matches_reference(case, dtype):
     problem = Problem(_shape(e, h, i, k), m, dtype, seed=4)
     path = get_path("triton")
     config = replace(path.default_config(problem), atomic_sum=False)
+    result = check_point(path, problem, make_inputs(problem, DEVICE, draw=1), config)
+    assert result.correct, f"rel. error {result.rel_err}"
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp8-tensor", "fp8-block128"] + (["bf16"] if GPU else []))
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_split_k_matches_reference(dtype, swap_ab):
+    """GEMM1 split over K (partial sums, then the activation) gives the layer of the fused epilogue."""
+    problem = Problem(_shape(8, 512, 64, 2), 3, dtype, seed=6)  # 4 K steps of 128, few programs
+    path = get_path("triton")
+    config = replace(path.default_config(problem), BLOCK_SIZE_K=128, swap_ab=swap_ab, split_k=2)
     result = check_point(path, problem, make_inputs(problem, DEVICE, draw=1), config)
     assert result.correct, f"rel. error {result.rel_err}"

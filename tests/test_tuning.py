@@ -46,3 +46,19 @@ def test_tall_tiles_try_both_forms_of_the_topk_sum():
 def test_block128_tall_tiles_get_eight_warps():
     cands = candidates(Problem(get_model("qwen3-30b-a3b"), 4096, "fp8-block128"))
     assert all(c.num_warps == 8 for c in cands if c.BLOCK_SIZE_M * c.BLOCK_SIZE_N >= 64 * 128)
+
+
+def test_split_k_only_where_gemm1_grid_is_small():
+    """DeepSeek-V3@tp8 at M=1 (8 experts x few column tiles) gets split-K variants; prefill does not."""
+    from moebench.tuning import split_for
+
+    ds = shard(get_model("deepseek-v3"), tp=8)
+    decode = candidates(Problem(ds, 1, "fp8-block128"))
+    assert max(c.split_k for c in decode) > 1
+    for c in decode:  # every split keeps at least two K steps
+        assert -(-ds.hidden // c.BLOCK_SIZE_K) // c.split_k >= 2
+    assert {c.split_k for c in candidates(Problem(get_model("mixtral-8x7b"), 4096, "bf16"))} == {1}
+    cfg = decode[0]  # 8 experts x cdiv(256, BLOCK_N) programs: split until about two per SM
+    programs = min(ds.experts, ds.topk) * -(-ds.intermediate // cfg.BLOCK_SIZE_N)
+    split = split_for(Problem(ds, 1, "fp8-block128"), cfg)
+    assert programs * split >= 2 * 132 and programs * split // 2 < 2 * 132

@@ -32,6 +32,13 @@ column of B, applied once after the K loop (the per-tensor scheme passes the
 same scale with stride 0); 2 = 128x128 weight blocks and 1x128 activation
 groups, applied at every K step (BLOCK_K must be 128).
 
+**Split-K** (``split_k``, GEMM1 only): at decode a few experts x column tiles
+leave most of the 132 SMs idle while each program walks the whole hidden
+dimension (measured: DeepSeek-V3@tp8 at M=1, 64 programs, 1.1 TB/s). With
+``split_k`` > 1 each program takes a share of the K steps and adds its gate and
+up partial sums into a float32 ``[T, 2I]`` buffer; a small ``_swiglu`` launch
+then applies the activation (the only place the fused epilogue is given up).
+
 Token counts are never compile-time constants: ``num_slots`` is declared
 ``do_not_specialize`` and the grid is sized from shapes alone (an upper bound
 on padded blocks), so a stream of changing ``M`` reuses one compiled kernel
@@ -87,13 +94,12 @@ def _mma(a, b, acc, SWAP_AB: tl.constexpr):
 
 
 @triton.jit
-def _tile_coords(num_padded_ptr, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Map this program to (pid_m, pid_n), grouping GROUP_M row tiles for weight reuse in L2.
+def _tile_coords(pid, num_padded_ptr, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Map tile number ``pid`` to (pid_m, pid_n), grouping GROUP_M row tiles for weight reuse in L2.
 
-    Only the first cdiv(num_padded, BLOCK_M) * cdiv(N, BLOCK_N) programs get a
+    Only the first cdiv(num_padded, BLOCK_M) * cdiv(N, BLOCK_N) tile numbers get a
     tile; the rest return valid=False (the grid is sized for the worst case).
     """
-    pid = tl.program_id(0)
     num_pid_m = tl.cdiv(tl.load(num_padded_ptr), BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     in_group = GROUP_M * num_pid_n
@@ -109,7 +115,7 @@ def _tile_coords(num_padded_ptr, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 def _gemm1_swiglu(
     x_ptr,  # [M, K] activations (fp8 when QUANT)
     w_ptr,  # [E, 2N, K] gate rows then up rows
-    h_ptr,  # [T, N] output activation, row = token slot
+    h_ptr,  # [T, N] output activation, row = token slot; SPLIT_K > 1: [T, 2N] float32 zeroed, gate|up sums
     x_scale_ptr,  # QUANT 1: [M] (stride 0 for one tensor scale); QUANT 2: [M, cdiv(K, 128)]
     w_scale_ptr,  # QUANT 1: [E, 2N] (stride 0 per tensor); QUANT 2: [E, cdiv(2N, 128), cdiv(K, 128)]
     sorted_ids_ptr,  # [max_padded] slot ids grouped by expert; == num_slots for padding
@@ -134,8 +140,9 @@ def _gemm1_swiglu(
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
     QUANT: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
-    pid_m, pid_n, valid = _tile_coords(num_padded_ptr, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n, valid = _tile_coords(tl.program_id(0) // SPLIT_K, num_padded_ptr, N, BLOCK_M, BLOCK_N, GROUP_M)
     if valid:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         slot = tl.load(sorted_ids_ptr + offs_m)  # [BLOCK_M]
@@ -146,12 +153,18 @@ def _gemm1_swiglu(
         n_ok = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
 
-        a_ptrs = x_ptr + _grid(tok * stride_xm, offs_k, SWAP_AB)  # [BM, BK] or [BK, BM]
-        g_ptrs = w_ptr + expert * stride_we + _grid(offs_k, offs_n * stride_wn, SWAP_AB)  # [BK, BN] / [BN, BK]
-        u_ptrs = g_ptrs + N * stride_wn
+        # This program's share of the K steps (all of them unless SPLIT_K > 1).
+        k_steps = tl.cdiv(K, BLOCK_K)
+        per_split = tl.cdiv(k_steps, SPLIT_K)
+        k_first = (tl.program_id(0) % SPLIT_K) * per_split
+        k_last = tl.minimum(k_first + per_split, k_steps)
+
+        a_ptrs = x_ptr + _grid(tok * stride_xm, offs_k + k_first * BLOCK_K, SWAP_AB)  # [BM, BK] or [BK, BM]
+        g_ptrs = w_ptr + expert * stride_we + _grid(offs_k + k_first * BLOCK_K, offs_n * stride_wn, SWAP_AB)
+        u_ptrs = g_ptrs + N * stride_wn  # [BK, BN] or [BN, BK]
         acc_g = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
+        for k in range(k_first, k_last):
             k_ok = offs_k < K - k * BLOCK_K
             a = tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
             b_mask = _grid_and(k_ok, n_ok, SWAP_AB)
@@ -176,10 +189,28 @@ def _gemm1_swiglu(
             acc_g *= _grid_mul(xs, tl.load(ws + offs_n * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
             acc_u *= _grid_mul(xs, tl.load(ws + (N + offs_n) * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
 
-        h = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up
         slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
-        h_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
-        tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=_grid_and(row_ok, n_ok, SWAP_AB))
+        mask = _grid_and(row_ok, n_ok, SWAP_AB)
+        if SPLIT_K == 1:
+            h = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up
+            h_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
+            tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask)
+        else:  # partial sums; _swiglu applies the activation once every split has added its share
+            gu_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
+            tl.atomic_add(gu_ptrs, acc_g, mask=mask)
+            tl.atomic_add(gu_ptrs + N, acc_u, mask=mask)
+
+
+@triton.jit
+def _swiglu(gu_ptr, h_ptr, N, BLOCK_N: tl.constexpr):
+    """h[r] = silu(gu[r, :N]) * gu[r, N:] for one row r per program (after a split-K GEMM1)."""
+    row = tl.program_id(0).to(tl.int64)
+    for n in range(0, N, BLOCK_N):
+        offs = n + tl.arange(0, BLOCK_N)
+        ok = offs < N
+        g = tl.load(gu_ptr + row * 2 * N + offs, mask=ok, other=0.0)
+        u = tl.load(gu_ptr + row * 2 * N + N + offs, mask=ok, other=0.0)
+        tl.store(h_ptr + row * N + offs, (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit(do_not_specialize=["num_slots"])
@@ -214,7 +245,7 @@ def _gemm2_combine(
     QUANT: tl.constexpr,
     ATOMIC_SUM: tl.constexpr,
 ):
-    pid_m, pid_n, valid = _tile_coords(num_padded_ptr, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n, valid = _tile_coords(tl.program_id(0), num_padded_ptr, N, BLOCK_M, BLOCK_N, GROUP_M)
     if valid:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         slot = tl.load(sorted_ids_ptr + offs_m)  # [BLOCK_M]
@@ -314,12 +345,16 @@ def fused_moe(
 
     act_dtype = x.dtype
     h = torch.empty(T, I, device=x.device, dtype=act_dtype)  # [T, I]
-    k1 = _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N),)](
-        a1, w13, h, a1_scale, w13_scale, align.sorted_ids, align.expert_ids, align.num_padded,
-        T, I, H, a1.stride(0), w13.stride(0), w13.stride(1), h.stride(0),
+    split = config.split_k
+    gu = h if split == 1 else torch.zeros(T, 2 * I, device=x.device, dtype=torch.float32)  # [T, 2I]
+    k1 = _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N) * split,)](
+        a1, w13, gu, a1_scale, w13_scale, align.sorted_ids, align.expert_ids, align.num_padded,
+        T, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(0),
         *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3),
-        TOPK=topk, QUANT=quant, **args,
+        TOPK=topk, QUANT=quant, SPLIT_K=split, **args,
     )
+    if split > 1:
+        _swiglu[(T,)](gu, h, I, BLOCK_N=min(1024, triton.next_power_of_2(I)))
 
     a2, a2_scale = (h, None) if quant == QUANT_NONE else quantize_act(h, fp8_scheme)  # [T, I] fp8
     if out is None:
