@@ -11,6 +11,11 @@ from moebench.quant import FP8_MAX, quantize_rows, quantize_tensor
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)  # reproducible draws; the checks hold for any draw
+
+
 @pytest.mark.parametrize("rows, cols", [(1, 64), (7, 300), (33, 1024)])  # one row; K not a multiple of 128; wide
 def test_per_token_matches_torch(rows, cols):
     x = torch.randn(rows, cols, device=DEVICE) * 3
@@ -48,3 +53,14 @@ def test_values_that_round_up_across_a_power_of_two():
     assert s.item() == 1.0
     assert q.float().tolist() == x.to(torch.float8_e4m3fn).float().tolist()  # torch's cast, scale 1
     assert q.float()[0, 1].item() == 128.0
+
+
+def test_every_e4m3_value_and_midpoint_casts_like_torch():
+    """With scale 1 (the row holds 448), each e4m3 value and each midpoint between two (a tie, to even)."""
+    grid = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = torch.unique(grid[torch.isfinite(grid) & (grid >= 0)])  # ascending e4m3 values in [0, 448]
+    mids = (grid[1:] + grid[:-1]) / 2
+    x = torch.cat([grid, mids, -mids])[None].to(DEVICE)  # [1, K]
+    q, s = quantize_act(x, "channel")
+    assert s.item() == 1.0
+    assert torch.equal(q.float(), x.to(torch.float8_e4m3fn).float())

@@ -36,7 +36,11 @@ def _to_fp8(v, dtype, ROUND_FIRST: tl.constexpr):
     if ROUND_FIRST:
         exponent = tl.floor(tl.log2(tl.maximum(tl.abs(v), 0.015625)))  # subnormals below 2^-6
         quantum = tl.exp2(exponent - 3.0)
-        v = tl.floor(v / quantum + 0.5) * quantum
+        t = v / quantum
+        r = tl.floor(t + 0.5)
+        odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+        r = tl.where(((r - t) == 0.5) & odd, r - 1.0, r)  # ties to even, as the hardware cast rounds
+        v = r * quantum
     return v.to(dtype)
 
 
