@@ -37,7 +37,7 @@ def _emit(text: str | None) -> None:
         click.echo(text.rstrip("\n"))
 
 
-def _print_tables(meta: dict, df, fmt: str, out: Console) -> None:
+def _print_tables(df, fmt: str, out: Console) -> None:
     from moebench import report
 
     through = report.throughput_table(df)
@@ -97,52 +97,15 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     With neither, runs sweeps/quick.yaml on a GPU, or sweeps/cpu.yaml (a tiny shape on
     the Triton interpreter: correctness only, CPU timings are not GPU performance).
     """
-    from moebench import spec as specs
     from moebench.results import load_run
     from moebench.runner import run_sweep
+    from moebench.spec import from_options
 
-    shape_flags = (experts, hidden, intermediate)
-    flags_given = models or hf_configs or any(v is not None for v in shape_flags)
-    if spec and flags_given:
-        raise UserError("give either a SPEC file or --model/--hf-config/shape flags, not both")
-    if spec or not flags_given:
-        if tp != 1 or ep != 1:
-            raise UserError("--tp/--ep shard the flags' models; with a SPEC file set tp/ep in the file")
-        path = spec or _default_spec()
-        plan = specs.load_spec(path)
-        plan = specs.override(
-            plan,
-            ms=specs._int_list(ms, "--m") if ms else None,
-            dtypes=specs._str_list(dtypes) or None,
-            paths=specs._str_list(paths) or None,
-            topks=specs._int_list(topk, "--topk") if topk else None,
-            routing=routing,
-            seed=seed,
-            tune=tune or None,
-        )
-    else:
-        shapes = ()
-        if any(v is not None for v in shape_flags):
-            if None in shape_flags or topk is None:
-                raise UserError("an explicit shape needs --experts, --hidden, --intermediate and --topk")
-            k = specs._int_list(topk, "--topk")
-            shapes = (specs.explicit_shape(experts, hidden, intermediate, k[0]),)
-            topk = None if len(k) == 1 else topk
-        plan = specs.build_spec(
-            name="sweep",
-            models=specs._str_list(models),
-            hf_configs=tuple(hf_configs),
-            shapes=shapes,
-            ms=specs._int_list(ms or "1,16,128,1024,4096", "--m"),
-            topks=specs._int_list(topk, "--topk") if topk else (),
-            dtypes=specs._str_list(dtypes) or ("bf16",),
-            paths=specs._str_list(paths) or ("triton", "cutlass"),
-            routing=routing or "uniform",
-            seed=seed or 0,
-            tp=tp,
-            ep=ep,
-            tune=tune,
-        )
+    plan = from_options(
+        spec, _default_spec(), models=models, hf_configs=hf_configs, experts=experts, hidden=hidden,
+        intermediate=intermediate, topk=topk, ms=ms, dtypes=dtypes, paths=paths, routing=routing, seed=seed,
+        tp=tp, ep=ep, tune=tune,
+    )
     from moebench._interpret import interpreting
     from moebench.paths import Target
     from moebench.runner import validate
@@ -164,8 +127,8 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
             bar.update(task, advance=1, description=f"{row['model']} {row['dtype']} M={row['M']} {row['path']}")
 
         run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started)
-    meta, df = load_run(run_dir)
-    _print_tables(meta, df, fmt, out)
+    _, df = load_run(run_dir)
+    _print_tables(df, fmt, out)
     _err.print(f"run folder: {run_dir}")
 
 
@@ -183,7 +146,7 @@ def report(run, fmt, gains):
     if w := schema_warning(meta, str(run)):
         _err.print(w)
     if not gains:
-        _print_tables(meta, df, fmt, _console())
+        _print_tables(df, fmt, _console())
         return
     table = rep.gains_table(df)
     if fmt == "table":

@@ -259,3 +259,54 @@ def _block(path: Path, data: dict) -> Block:
         tp=int(data.get("tp", 1)),
         ep=int(data.get("ep", 1)),
     )
+
+
+DEFAULT_MS = "1,16,128,1024,4096"
+
+
+def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_configs=(), experts=None,
+                 hidden=None, intermediate=None, topk=None, ms=None, dtypes=None, paths=None, routing=None,
+                 seed=None, tp=1, ep=1, tune=False) -> SweepSpec:
+    """The plan of `moebench sweep`: a spec file with flags over it, or flags alone, or the default file.
+
+    List options arrive as the user typed them (comma lists, possibly repeated).
+    """
+    shape_flags = (experts, hidden, intermediate)
+    flags_given = bool(models or hf_configs) or any(v is not None for v in shape_flags)
+    if spec_file and flags_given:
+        raise UserError("give either a SPEC file or --model/--hf-config/shape flags, not both")
+    if spec_file or not flags_given:
+        if tp != 1 or ep != 1:
+            raise UserError("--tp/--ep shard the flags' models; with a SPEC file set tp/ep in the file")
+        return override(
+            load_spec(spec_file or default_file),
+            ms=_int_list(ms, "--m") if ms else None,
+            dtypes=_str_list(dtypes) or None,
+            paths=_str_list(paths) or None,
+            topks=_int_list(topk, "--topk") if topk else None,
+            routing=routing,
+            seed=seed,
+            tune=tune or None,
+        )
+    topks = _int_list(topk, "--topk") if topk else ()
+    shapes = ()
+    if any(v is not None for v in shape_flags):
+        if None in shape_flags or not topks:
+            raise UserError("an explicit shape needs --experts, --hidden, --intermediate and --topk")
+        shapes = (explicit_shape(experts, hidden, intermediate, topks[0]),)
+        topks = topks if len(topks) > 1 else ()
+    return build_spec(
+        name="sweep",
+        models=_str_list(models),
+        hf_configs=tuple(hf_configs),
+        shapes=shapes,
+        ms=_int_list(ms or DEFAULT_MS, "--m"),
+        topks=topks,
+        dtypes=_str_list(dtypes) or ("bf16",),
+        paths=_str_list(paths) or ("triton", "cutlass"),
+        routing=routing or "uniform",
+        seed=seed or 0,
+        tp=tp,
+        ep=ep,
+        tune=tune,
+    )

@@ -96,3 +96,17 @@ def test_h200_kernel_spec_has_the_35_points_of_the_kernel_goal():
 def test_runs_entries_are_strict(tmp_path):
     with pytest.raises(UserError, match=r"runs\[0\]: unknown key 'seed'"):
         load_spec(_write(tmp_path, "m: [1]\nruns:\n  - {models: [tiny], seed: 3}\n"))
+
+
+def test_from_options_explicit_shape_and_flags_over_a_spec():
+    """An explicit shape takes the first --topk and sweeps the rest; flags replace a spec file's lists."""
+    from moebench.spec import from_options
+
+    plan = from_options(None, REPO_SWEEPS / "cpu.yaml", experts=8, hidden=64, intermediate=32, topk="2,4",
+                        ms="1,3", paths="torch")
+    assert sorted(s.topk for s in plan.shapes) == [2, 4] and plan.ms == (1, 3) and plan.paths == ("torch",)
+    over = from_options(REPO_SWEEPS / "quick.yaml", REPO_SWEEPS / "cpu.yaml", ms="7", dtypes="fp16", tune=True)
+    assert over.ms == (7,) and over.dtypes == ("fp16",) and over.tune
+    assert {s.name for s in over.shapes} == {"mixtral-8x7b", "deepseek-v3"}
+    with pytest.raises(UserError, match="not both"):
+        from_options(REPO_SWEEPS / "quick.yaml", REPO_SWEEPS / "cpu.yaml", models=("tiny",))
