@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -38,6 +36,7 @@ import pandas as pd
 
 from moebench.dtypes import get_dtype
 from moebench.errors import UserError
+from moebench.results import write_text_atomic
 from moebench.tile import TileConfig
 
 LAYOUTS = ("vllm", "sglang")
@@ -180,7 +179,9 @@ def _problem_columns(df: pd.DataFrame) -> list[str]:
 def best_configs(df: pd.DataFrame) -> dict[tuple, ConfigTable]:
     """The fastest tile config per (experts, intermediate, dtype, device_name) and M, from a run's rows.
 
-    Uses triton-path rows with status ok (and correct), a config and a timing.
+    Uses triton-path rows with status ok (and correct), a config and a timing, and only
+    ``portable`` configs: a time measured with Swap-AB, split-K or the stored top-k sum
+    says nothing about the engines' kernels, which have none of them.
     ``intermediate`` and ``experts`` must be the per-GPU shape that was benchmarked
     (vLLM's N and E). Rows from the CPU interpreter are refused (UserError): their
     timings say nothing about which tile is fastest on a GPU.
@@ -193,7 +194,9 @@ def best_configs(df: pd.DataFrame) -> dict[tuple, ConfigTable]:
     simply the lowest time_us.
     """
     rows = df[(df["path"] == "triton") & (df["status"] == "ok") & df["time_us"].notna()]
-    rows = rows[rows["config"].map(lambda c: isinstance(c, Mapping))]
+    # Only configs the engines' kernels can run as written: not Swap-AB, split-K or the stored top-k sum.
+    portable = rows["config"].map(lambda c: isinstance(c, Mapping) and TileConfig.from_dict(dict(c)).portable)
+    rows = rows[portable.astype(bool)]
     if "correct" in rows.columns:
         rows = rows[rows["correct"].map(lambda v: _flag(v) is not False)]
     if rows.empty:
@@ -243,18 +246,6 @@ def _triton_dir(triton_version: str | None) -> str:
     return f"triton_{triton_version.replace('.', '_')}"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_tables(
     tables: Mapping[tuple, ConfigTable],
     out_dir: Path,
@@ -285,6 +276,6 @@ def write_tables(
         targets[path] = key
     written = []
     for path, key in targets.items():
-        _write_atomic(path, tables[key].to_json())
+        write_text_atomic(path, tables[key].to_json())
         written.append(path)
     return written

@@ -32,18 +32,22 @@ ROW_COLUMNS = (
 )
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to a temp file in the same folder, then rename: readers never see half a file."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write to a temp file in the same folder (created if missing), then rename: no reader sees half a file."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 def new_run_dir(base: Path, name: str) -> Path:

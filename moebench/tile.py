@@ -53,6 +53,11 @@ class TileConfig:
         flags = ("swap_ab", "atomic_sum")
         return cls(**{k: bool(v) if k in flags else int(v) for k, v in d.items()})
 
+    @property
+    def portable(self) -> bool:
+        """Whether vLLM's and SGLang's kernels run this config as written (no moebench-only field set)."""
+        return not self.swap_ab and self.atomic_sum and self.split_k == 1
+
     def to_vllm_dict(self) -> dict[str, int]:
         d = asdict(self)
         return {k: d[k] for k in _VLLM_KEYS}

@@ -227,6 +227,20 @@ def test_best_configs_picks_the_fastest_ok_triton_config_per_M():
     assert best_configs(df[df["path"] == "torch"]) == {}
 
 
+def test_best_configs_exports_only_configs_the_engines_can_run():
+    """A faster Swap-AB / split-K / stored-sum row is moebench-only: the table keeps the best portable one."""
+    from dataclasses import replace as dc_replace
+
+    a = tile(16)
+    rows = [row(1, a, 50.0)]
+    for variant in (dict(swap_ab=True), dict(split_k=4), dict(atomic_sum=False)):
+        r = row(1, None, 20.0)
+        r["config"] = dc_replace(a, BLOCK_SIZE_N=128, **variant).as_dict()
+        rows.append(r)
+    table = best_configs(pd.DataFrame(rows))[(8, 14336, "bf16", "NVIDIA H200")]
+    assert table[1] == a
+
+
 def test_best_configs_refuses_interpreter_timings():
     df = pd.DataFrame([row(1, tile(16), 5000.0, interpreter=True, device_name="cpu")])
     with pytest.raises(UserError, match="interpreter"):
