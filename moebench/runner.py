@@ -115,9 +115,10 @@ def run_point(problem: Problem, path_name: str, inputs: MoEInputs, check_inputs:
     return row
 
 
-def configs_for(path, problem: Problem, tune: bool) -> list[TileConfig | None]:
-    """The tile configs a point is run with: the candidates when tuning a tunable path, else one."""
-    if not path.tunable:
+def configs_for(path, problem: Problem, tune: bool, target: Target) -> list[TileConfig | None]:
+    """The tile configs a point is run with: the candidates when tuning a tunable path, else one
+    (one row, too, for a point the path cannot run)."""
+    if not path.tunable or path.supports(problem, target):
         return [None]
     return candidates(problem) if tune else [path.default_config(problem)]
 
@@ -141,14 +142,14 @@ def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | 
     points = spec.points()
     meta = describe(target.interpreter)
     meta.update(sweep=spec.name, timing_method=GRAPH if not target.interpreter else "interpreter wall clock",
-                points=len(points))
+                points=len(points), tune=spec.tune)
     ceilings = None
     if target.device.type == "cuda" and not target.interpreter:
         ceilings = measure_ceilings()
         meta["ceilings"] = ceilings.as_dict()
     writer = RunWriter(new_run_dir(out_base, spec.name), meta)
     if on_start:
-        on_start(sum(len(configs_for(get_path(n), p, spec.tune)) for p, n in points))
+        on_start(sum(len(configs_for(get_path(n), p, spec.tune, target)) for p, n in points))
     status = "interrupted"
     try:
         for (shape, dtype), group in groupby(points, key=lambda pp: (pp[0].shape, pp[0].dtype)):
@@ -164,17 +165,16 @@ def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | 
                 ref = None  # the fp32 reference on check_inputs, computed once for all paths and configs
                 for problem, path_name in by_m:
                     path = get_path(path_name)
-                    if inputs is None:
-                        row = _base_row(problem, path_name, target)
-                        row.update(status="unsupported", error=path.supports(problem, target))
-                        rows = [row]
+                    reason = path.supports(problem, target)
+                    if reason:
+                        rows = [{**_base_row(problem, path_name, target), "status": "unsupported", "error": reason}]
                     else:
-                        if ref is None and not path.baseline and not path.supports(problem, target):
+                        if ref is None and not path.baseline:
                             ci = check_inputs
                             ref = moe_reference(ci.x, ci.weights, ci.topk_weights, ci.topk_ids)
                         rows = (run_point(problem, path_name, inputs, check_inputs, target, ceilings, cfg, ref,
                                           budget_s=0.1 if spec.tune else 0.3)
-                                for cfg in configs_for(path, problem, spec.tune))
+                                for cfg in configs_for(path, problem, spec.tune, target))
                     for row in rows:
                         writer.append(row)
                         if on_row:
