@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from moebench._interpret import interpreting
 from moebench.models import get_model
 from moebench.problem import Problem
 from moebench.results import load_run
@@ -10,6 +13,7 @@ from moebench.spec import Block, SweepSpec
 from moebench.tuning import candidates
 
 
+@pytest.mark.skipif(not interpreting(), reason="bf16 is refused only under the interpreter")
 def test_tuned_sweep_writes_a_checked_row_per_candidate_and_one_row_per_refusal(tmp_path):
     """fp16 on the interpreter: one timed row per tile candidate; bf16 (refused there): one typed row."""
     tiny = get_model("tiny")
