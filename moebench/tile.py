@@ -86,8 +86,7 @@ def fit_stages(cfg: TileConfig, elem_bytes: int) -> TileConfig:
     return cfg
 
 
-def default_config(M: int, experts: int, topk: int, hidden: int, intermediate: int,
-                   elem_bytes: int = 2, block_k: int | None = None) -> TileConfig:
+def default_config(M: int, experts: int, topk: int, elem_bytes: int = 2, block_k: int | None = None) -> TileConfig:
     """A reasonable untuned tile for ``M`` tokens: small token tiles at decode, large at prefill.
 
     The tile height follows the average number of token slots per expert

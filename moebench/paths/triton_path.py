@@ -27,7 +27,7 @@ class TritonPath:
 
     def default_config(self, problem: Problem) -> TileConfig:
         s, spec = problem.shape, problem.spec
-        return default_config(problem.M, s.experts, s.topk, s.hidden, s.intermediate, spec.weight_bytes,
+        return default_config(problem.M, s.experts, s.topk, spec.weight_bytes,
                               block_k=128 if spec.fp8_scheme == "block128" else None)
 
     def prepare(self, inputs: MoEInputs, problem: Problem, config: TileConfig | None):
