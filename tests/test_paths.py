@@ -153,3 +153,36 @@ def test_split_k_matches_reference(dtype, swap_ab):
     config = replace(path.default_config(problem), BLOCK_SIZE_K=128, swap_ab=swap_ab, split_k=2)
     result = check_point(path, problem, make_inputs(problem, DEVICE, draw=1), config)
     assert result.correct, f"rel. error {result.rel_err}"
+
+
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_block128_scales_that_differ_by_orders_between_k_groups(swap_ab):
+    """GEMM1 and GEMM2 keep a 128x128-block accumulator in the current K step's scales: with activation
+    and weight groups whose scales differ by up to 1e5 (each group's products kept O(1)), the layer still
+    matches the reference, plain and Swap-AB."""
+    from moebench.kernels.fused_moe import fused_moe
+    from moebench.problem import Weights
+    from moebench.quant import quantize_weight
+    from moebench.routing import route
+
+    E, H, I, topk, M = 4, 384, 256, 2, 9
+    act = DTYPES["fp8-block128"].act
+    gen = torch.Generator(device=DEVICE).manual_seed(21)
+    per_h = (10.0 ** torch.tensor([-3.0, 0.0, 2.0], device=DEVICE)).repeat_interleave(128)  # [H]
+    per_i = (10.0 ** torch.tensor([-2.0, 1.0], device=DEVICE)).repeat_interleave(128)  # [I]
+    per_rows = (10.0 ** torch.tensor([0.0, -1.0, 1.0, 0.5], device=DEVICE)).repeat_interleave(128)  # [2I]
+    x = (torch.randn(M, H, generator=gen, device=DEVICE) * per_h).to(act)
+    w13 = torch.randn(E, 2 * I, H, generator=gen, device=DEVICE) * H**-0.5 / per_h * per_rows[:, None]
+    w2 = torch.randn(E, H, I, generator=gen, device=DEVICE) * I**-0.5 / per_i
+    q13, s13 = quantize_weight(w13.to(act), "block128")
+    q2, s2 = quantize_weight(w2.to(act), "block128")
+    weights = Weights(q13, q2, s13, s2, "block128")
+    topk_weights, topk_ids = route(M, E, topk, "uniform", 21, DEVICE)
+
+    out = torch.full((M, H), float("nan"), device=DEVICE, dtype=act)
+    fused_moe(x, q13, q2, topk_weights, topk_ids, TileConfig(16, 64, 128, 1, 4, 2, swap_ab=swap_ab), out=out,
+              fp8_scheme="block128", w13_scale=s13, w2_scale=s2)
+    ref = moe_reference(x, weights, topk_weights, topk_ids)
+    assert torch.isfinite(out).all()
+    rel = torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref)
+    assert rel < DTYPES["fp8-block128"].rtol, f"rel. error {rel}"
