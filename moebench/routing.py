@@ -109,8 +109,12 @@ def route(M: int, experts: int, topk: int, routing: str, seed: int,
 
 @dataclass(frozen=True)
 class AlignResult:
+    """Only the first ``num_padded`` entries of ``sorted_ids`` (and their blocks of ``expert_ids``) are
+    defined: the kernels never read past them, so ``moe_align`` does not spend launches filling the
+    rest (the reference fills it with T and -1)."""
+
     sorted_ids: torch.Tensor  # [max_padded_len] int32: slot ids grouped by expert; T marks padding
-    expert_ids: torch.Tensor  # [max_padded_len // block_m] int32: expert of each block; -1 past the end
+    expert_ids: torch.Tensor  # [max_padded_len // block_m] int32: expert of each block
     num_padded: torch.Tensor  # [1] int32: used length of sorted_ids (a multiple of block_m)
 
 
@@ -223,9 +227,14 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignRe
     """
     _check_align_args(topk_ids, num_experts, block_m)
     T = topk_ids.numel()
-    out = _empty_result(T, num_experts, block_m, topk_ids.device)
     if T == 0:
-        return out
+        return _empty_result(T, num_experts, block_m, topk_ids.device)
+    n, dev = max_padded_len(T, num_experts, block_m), topk_ids.device
+    out = AlignResult(  # every entry the kernels read is written by _scatter_kernel
+        sorted_ids=torch.empty(n, dtype=torch.int32, device=dev),  # [max_padded_len]
+        expert_ids=torch.empty(n // block_m, dtype=torch.int32, device=dev),  # [max_blocks]
+        num_padded=torch.empty(1, dtype=torch.int32, device=dev),  # [1]
+    )
     ids = topk_ids.contiguous().view(-1)  # [T]
     counts = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)  # [E]
     _count_kernel[(num_experts,)](ids, counts, T, BLOCK_T=_BLOCK_T)
