@@ -3,8 +3,10 @@
 The token tile height follows the average slots per expert (``M * topk / E``),
 as in ``tile.default_config``; around it a handful of shapes that are known
 to do well on Hopper for grouped GEMMs are tried, each with and without
-Swap-AB, so a sweep reports both and keeps the faster; where GEMM1's grid
-would leave SMs idle, a split-K variant is added. Each candidate is
+Swap-AB and with both forms of the top-k sum (atomics: a zeroed float32
+output and a cast after; stored rows: one sum launch), so a sweep reports
+them all and keeps the fastest; where GEMM1's grid would leave SMs idle, a
+split-K variant is added. Each candidate is
 checked against the reference before it is timed (the runner does that).
 """
 
@@ -50,11 +52,10 @@ def split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
 
 
 def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> list[TileConfig]:
-    """Distinct configs to try for ``problem``: the class's shapes x Swap-AB (x the top-k sum's two
-    forms where tiles are tall; x a split-K variant where GEMM1's grid is small), fitted to shared memory."""
+    """Distinct configs to try for ``problem``: the class's shapes x Swap-AB x the top-k sum's two forms
+    (x a split-K variant where GEMM1's grid is small), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
-    tall = per_expert > 48
     out: dict[tuple, TileConfig] = {}
     for base in _classes(per_expert):
         cfg = base
@@ -69,7 +70,7 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
         cfg = fit_stages(cfg, spec.weight_bytes)
         splits = sorted({1, split_for(problem, cfg)})
         for swap in swap_ab:
-            for atomic in ((True, False) if tall and s.topk > 1 else (True,)):
+            for atomic in (True, False):
                 for split in splits:
                     c = replace(cfg, swap_ab=swap, atomic_sum=atomic, split_k=split)
                     out.setdefault(c.key(), c)

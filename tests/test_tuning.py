@@ -36,11 +36,11 @@ def test_tile_height_grows_with_tokens_per_expert():
     assert small == 16 and large >= 128
 
 
-def test_tall_tiles_try_both_forms_of_the_topk_sum():
-    """Prefill candidates include the stored-rows top-k sum; decode keeps the atomic epilogue only."""
+def test_every_class_tries_both_forms_of_the_topk_sum():
+    """Prefill and decode candidates include both the atomic epilogue and the stored-rows top-k sum."""
     shape = get_model("qwen3-30b-a3b")
     assert {c.atomic_sum for c in candidates(Problem(shape, 4096, "bf16"))} == {True, False}
-    assert {c.atomic_sum for c in candidates(Problem(shape, 1, "bf16"))} == {True}
+    assert {c.atomic_sum for c in candidates(Problem(shape, 1, "bf16"))} == {True, False}
 
 
 def test_block128_tall_tiles_get_eight_warps():
