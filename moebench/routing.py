@@ -11,12 +11,14 @@ to a multiple of ``block_m`` with the sentinel ``T``:
   entries of ``sorted_ids``.
 - ``num_padded`` int32 ``[1]``, on the device: the used length of ``sorted_ids``.
 
-Past ``num_padded``, ``sorted_ids`` holds ``T`` and ``expert_ids`` holds ``-1``; consumers
-stop at ``num_padded`` (a block whose expert is ``-1`` is not a block of any expert).
+Past ``num_padded`` nothing is defined (consumers stop there; ``moe_align`` leaves it
+unwritten, the reference fills ``T`` and ``-1``).
 
-``moe_align`` runs two Triton kernels and never synchronizes with the host: output sizes
-depend on shapes only, and the token count is a ``do_not_specialize`` argument, so it can
-be captured in a CUDA graph and a changing number of tokens never recompiles.
+``moe_align`` never synchronizes with the host: output sizes depend on shapes only, and
+the token count is a ``do_not_specialize`` argument, so it can be captured in a CUDA graph
+and a changing number of tokens never recompiles. Up to ``ONE_PROGRAM_SLOTS`` slots it is
+one launch of one program (at decode each launch in the layer costs a few microseconds);
+beyond, two launches with a program per expert (count, then scatter).
 ``moe_align_reference`` is plain PyTorch and gives the same tensors.
 """
 
@@ -42,6 +44,8 @@ TOKEN_COUNT_ARGS = ("num_slots",)
 
 _BLOCK_T = 1024  # slots scanned per loop step
 _BLOCK_B = 256  # expert_ids entries written per loop step
+ONE_PROGRAM_SLOTS = 128  # up to this many slots (and 256 experts) the align step is one program
+_ONE_PROGRAM_EXPERTS = 256  # its [slots, experts] one-hot tile stays within 32K int32 lanes
 
 
 # ----------------------------------------------------------------------------------------
@@ -220,10 +224,54 @@ def _scatter_kernel(
         tl.store(expert_ids_ptr + first_block + b + offs_b, expert, mask=b + offs_b < n_blocks)
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignResult:
+@triton.jit(do_not_specialize=TOKEN_COUNT_ARGS)
+def _align_one_program(
+    ids_ptr,  # [T] int32 or int64: expert of each slot
+    sorted_ids_ptr,  # [max_padded_len] int32, out
+    expert_ids_ptr,  # [max_blocks] int32, out
+    num_padded_ptr,  # [1] int32, out
+    num_slots,  # T <= BLOCK_T, also the padding sentinel
+    num_experts,  # E <= BLOCK_E
+    BLOCK_M: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """Grid (1,): the whole align step for at most BLOCK_T slots, from one [BLOCK_T, BLOCK_E] one-hot tile."""
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_e = tl.arange(0, BLOCK_E)
+    ids = tl.load(ids_ptr + offs_t, mask=offs_t < num_slots, other=-1)  # [BLOCK_T]
+    hit = ((ids[:, None] == offs_e[None, :]) & (offs_e < num_experts)[None, :]).to(tl.int32)  # [BLOCK_T, BLOCK_E]
+    counts = tl.sum(hit, axis=0)  # [BLOCK_E]
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)  # [BLOCK_E]: where each expert's group ends
+    total = tl.sum(padded, axis=0)
+    tl.store(num_padded_ptr, total)
+
+    # Every used entry gets the sentinel; the real slots overwrite theirs after the barrier.
+    for p in range(0, total, BLOCK_T):
+        offs_p = p + offs_t
+        tl.store(sorted_ids_ptr + offs_p, tl.zeros([BLOCK_T], dtype=tl.int32) + num_slots, mask=offs_p < total)
+    # A block's expert: the number of experts whose group ends at or before the block starts.
+    n_blocks = total // BLOCK_M
+    for b in range(0, n_blocks, BLOCK_B):
+        offs_b = b + tl.arange(0, BLOCK_B)  # [BLOCK_B]
+        before = (ends[None, :] <= (offs_b * BLOCK_M)[:, None]).to(tl.int32)  # [BLOCK_B, BLOCK_E]
+        tl.store(expert_ids_ptr + offs_b, tl.sum(before, axis=1), mask=offs_b < n_blocks)
+    tl.debug_barrier()
+
+    # Slot s of expert e goes to e's group start plus its rank among e's slots (slots ascending).
+    rank = tl.cumsum(hit, axis=0) - 1 + (ends - padded)[None, :]  # [BLOCK_T, BLOCK_E]
+    pos = tl.sum(hit * rank, axis=1)  # [BLOCK_T]
+    tl.store(sorted_ids_ptr + pos, offs_t, mask=tl.sum(hit, axis=1) != 0)
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_program: bool | None = None) -> AlignResult:
     """Group the slots of ``topk_ids`` [M, topk] by expert, padded to ``block_m``; no host sync.
 
     Ids must lie in [0, num_experts); a slot with an id outside that range is dropped.
+    ``one_program`` forces (True) or refuses (False) the single-program kernel; None picks it
+    where it fits (tests use the flag to run both on the same cases).
     """
     _check_align_args(topk_ids, num_experts, block_m)
     T = topk_ids.numel()
@@ -236,6 +284,16 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignRe
         num_padded=torch.empty(1, dtype=torch.int32, device=dev),  # [1]
     )
     ids = topk_ids.contiguous().view(-1)  # [T]
+    fits = T <= ONE_PROGRAM_SLOTS and num_experts <= _ONE_PROGRAM_EXPERTS
+    if one_program or (one_program is None and fits):
+        if not fits:
+            raise ValueError(f"the one-program align takes up to {ONE_PROGRAM_SLOTS} slots and "
+                             f"{_ONE_PROGRAM_EXPERTS} experts, got {T} and {num_experts}")
+        _align_one_program[(1,)](
+            ids, out.sorted_ids, out.expert_ids, out.num_padded, T, num_experts, BLOCK_M=block_m,
+            BLOCK_T=ONE_PROGRAM_SLOTS, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_B=64, num_warps=8,
+        )
+        return out
     counts = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)  # [E]
     _count_kernel[(num_experts,)](ids, counts, T, BLOCK_T=_BLOCK_T)
     _scatter_kernel[(num_experts,)](

@@ -16,6 +16,7 @@ import torch
 from moebench import _interpret, routing
 from moebench.errors import UserError
 from moebench.routing import (
+    ONE_PROGRAM_SLOTS,
     ROUTINGS,
     AlignResult,
     max_padded_len,
@@ -154,10 +155,10 @@ def _router_ids(M: int, topk: int, E: int, seed: int = 0, dtype=torch.int32) -> 
     return torch.rand(M, E, generator=gen).argsort(dim=-1)[:, :topk].to(dtype)
 
 
-def _align_on_device(ids: torch.Tensor, E: int, block_m: int) -> AlignResult:
+def _align_on_device(ids: torch.Tensor, E: int, block_m: int, one_program: bool | None = None) -> AlignResult:
     """The Triton align run where kernels run (the GPU if there is one), results brought back to the CPU."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    res = moe_align(ids.to(device), E, block_m)
+    res = moe_align(ids.to(device), E, block_m, one_program=one_program)
     return AlignResult(res.sorted_ids.cpu(), res.expert_ids.cpu(), res.num_padded.cpu())
 
 
@@ -239,6 +240,26 @@ def _assert_same_used(got: AlignResult, ref: AlignResult, block_m: int) -> None:
     assert torch.equal(got.num_padded, ref.num_padded)
     assert torch.equal(got.sorted_ids[:n], ref.sorted_ids[:n])
     assert torch.equal(got.expert_ids[: n // block_m], ref.expert_ids[: n // block_m])
+
+
+SMALL_CASES = [c for c in ALIGN_CASES if c[0] * c[1] <= ONE_PROGRAM_SLOTS and c[2] <= 256]
+
+
+@pytest.mark.parametrize("one_program", [True, False])
+@pytest.mark.parametrize("case", SMALL_CASES)
+def test_both_align_kernels_on_decode_sized_cases(case, one_program):
+    """Where both fit, the one-program align and the two-launch align each meet the definition and agree
+    with the reference (by default the first runs these cases, the second the larger ones)."""
+    M, topk, E, block_m = case
+    ids = _router_ids(M, topk, E, seed=sum(case))
+    got = _align_on_device(ids, E, block_m, one_program=one_program)
+    _check_definition(got, ids, E, block_m)
+    _assert_same_used(got, moe_align_reference(ids, E, block_m), block_m)
+
+
+def test_one_program_align_refuses_what_does_not_fit():
+    with pytest.raises(ValueError, match="one-program align"):
+        moe_align(torch.zeros(ONE_PROGRAM_SLOTS + 1, 1, dtype=torch.int32), 4, 16, one_program=True)
 
 
 def test_moe_align_worked_example():
