@@ -133,18 +133,26 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
 
 
 @cli.command()
-@click.argument("run", type=click.Path(path_type=Path))
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--gains", is_flag=True,
               help="Instead: per triton point, best config and the Swap-AB, fp8 and vs-cutlass gains.")
-def report(run, fmt, gains):
-    """Print the throughput and TTFT tables of a run folder."""
+def report(runs, fmt, gains):
+    """Print the throughput and TTFT tables of one or more run folders (rows taken together; each row
+    keeps the floor of its own run's ceilings)."""
+    import pandas as pd
+
     from moebench import report as rep
     from moebench.results import load_run, schema_warning
 
-    meta, df = load_run(run)
-    if w := schema_warning(meta, str(run)):
-        _err.print(w)
+    frames = []
+    for run in runs:
+        meta, frame = load_run(run)
+        if w := schema_warning(meta, str(run)):
+            _err.print(w)
+        frames.append(frame)
+    df = pd.concat(frames, ignore_index=True)
+    run = ", ".join(str(r) for r in runs)
     if not gains:
         _print_tables(df, fmt, _console())
         return

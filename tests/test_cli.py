@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,19 @@ def test_report_json_matches_rows(cpu_run):
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert len(data["throughput"]) == 4 and {"decode_tok_s", "pct_of_floor"} <= set(data["throughput"][0])
+
+
+def test_report_takes_several_run_folders_together(cpu_run, tmp_path):
+    """Rows of every folder named are reported together (a benchmark split over several runs)."""
+    _, run_dir = cpu_run
+    other = tmp_path / "other-run"  # the same run with other token counts: four more points
+    shutil.copytree(run_dir, other)
+    rows = [json.loads(line) for line in (other / "rows.jsonl").read_text().splitlines()]
+    (other / "rows.jsonl").write_text("".join(json.dumps({**r, "M": r["M"] + 1000}) + "\n" for r in rows))
+    proc = moebench("report", str(run_dir), str(other), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    ms = [r["M"] for r in json.loads(proc.stdout)["throughput"]]
+    assert len(ms) == 2 * 4 and sum(m > 1000 for m in ms) == 4
 
 
 def test_compare_a_run_with_itself_is_all_same(cpu_run):
