@@ -120,8 +120,6 @@ def _short_config(c: dict) -> str:
         text += " stored-sum"
     if c.get("split_k", 1) > 1:
         text += f" split{c['split_k']}"
-    if c.get("block_rescale"):
-        text += " rescale"
     return text
 
 

@@ -29,7 +29,6 @@ class TileConfig:
     swap_ab: bool = False  # compute C^T = W . X^T (moebench's kernels only; not written to vLLM/SGLang files)
     atomic_sum: bool = True  # top-k sum by atomics in GEMM2's epilogue, else rows stored then summed (moebench only)
     split_k: int = 1  # GEMM1 programs per output tile, each over a share of K (moebench only)
-    block_rescale: bool = False  # fp8-block128: accumulator kept in the current K step's scales (moebench only)
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -47,17 +46,20 @@ class TileConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> TileConfig:
+        d = dict(d)
+        if d.pop("block_rescale", False):  # a retired field: rows of commit bab17e1 carry it, mostly false
+            raise UserError("tile config: block_rescale (rescaled fp8-block128 accumulation) is no longer built")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise UserError(f"tile config: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
-        flags = ("swap_ab", "atomic_sum", "block_rescale")
+        flags = ("swap_ab", "atomic_sum")
         return cls(**{k: bool(v) if k in flags else int(v) for k, v in d.items()})
 
     @property
     def portable(self) -> bool:
         """Whether vLLM's and SGLang's kernels run this config as written (no moebench-only field set)."""
-        return not self.swap_ab and self.atomic_sum and self.split_k == 1 and not self.block_rescale
+        return not self.swap_ab and self.atomic_sum and self.split_k == 1
 
     def to_vllm_dict(self) -> dict[str, int]:
         d = asdict(self)

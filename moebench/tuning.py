@@ -55,34 +55,30 @@ def split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
     return split
 
 
-def _forms(base: TileConfig, spec) -> list[TileConfig]:
-    """The class shape adapted to the dtype: fp8 steps over twice the K; fp8-block128 in both block-scale forms."""
+def _for_dtype(base: TileConfig, spec) -> TileConfig:
+    """The class shape adapted to the dtype: fp8 steps over twice the K; fp8-block128 over one scale block."""
     if spec.fp8_scheme != "block128":
         if spec.is_fp8 and base.BLOCK_SIZE_K < 128:
-            return [replace(base, BLOCK_SIZE_K=2 * base.BLOCK_SIZE_K)]  # same bytes per step as bf16
-        return [base]
+            return replace(base, BLOCK_SIZE_K=2 * base.BLOCK_SIZE_K)  # same bytes per step as bf16
+        return base
     cfg = replace(base, BLOCK_SIZE_K=128)  # one weight-scale block per K step
-    fresh = cfg
     if cfg.BLOCK_SIZE_M * cfg.BLOCK_SIZE_N >= 64 * 128:
-        # A fresh product per step keeps two more tiles live in GEMM1: on an H200 (moebench isa) a
-        # 64x128 tile at 4 warps spilled 82 registers (126 with Swap-AB), so give it 8. Rescaling
-        # in place does not spill there, and was fastest at 4 warps (results/h200-block128-ab).
-        fresh = replace(cfg, num_warps=8)
-    return [fresh, replace(cfg, block_rescale=True)]
+        # Per-step scaling keeps two more tiles live in GEMM1: on an H200 (moebench isa) a
+        # 64x128 tile at 4 warps spilled 82 registers (126 with Swap-AB), so give it 8.
+        cfg = replace(cfg, num_warps=8)
+    return cfg
 
 
 def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> list[TileConfig]:
     """Distinct configs to try for ``problem``: the class's shapes x Swap-AB x the top-k sum's two forms
-    (x a split-K variant where GEMM1's grid is small; x both block-scale forms for fp8-block128),
-    fitted to shared memory."""
+    (x a split-K variant where GEMM1's grid is small), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
     out: dict[tuple, TileConfig] = {}
     for base in _classes(per_expert):
-        for cfg in _forms(base, spec):
-            cfg = fit_stages(cfg, spec.weight_bytes)
-            splits = sorted({1, split_for(problem, cfg)})
-            for swap, atomic, split in product(swap_ab, (True, False), splits):
-                c = replace(cfg, swap_ab=swap, atomic_sum=atomic, split_k=split)
-                out.setdefault(c.key(), c)
+        cfg = fit_stages(_for_dtype(base, spec), spec.weight_bytes)
+        splits = sorted({1, split_for(problem, cfg)})
+        for swap, atomic, split in product(swap_ab, (True, False), splits):
+            c = replace(cfg, swap_ab=swap, atomic_sum=atomic, split_k=split)
+            out.setdefault(c.key(), c)
     return list(out.values())

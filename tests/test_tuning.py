@@ -43,15 +43,12 @@ def test_every_class_tries_both_forms_of_the_topk_sum():
     assert {c.atomic_sum for c in candidates(Problem(shape, 1, "bf16"))} == {True, False}
 
 
-def test_block128_tries_both_scale_forms_and_gives_the_fresh_product_eight_warps():
-    """fp8-block128 shapes come in both block-scale forms; the fresh-product form (which spills at 4
-    warps) gets 8 warps on tall tiles; other dtypes never rescale."""
+def test_block128_tall_tiles_get_eight_warps():
+    """Per-step block scaling spills at 4 warps on tall tiles: those get 8; every K step is one scale block."""
     cands = candidates(Problem(get_model("qwen3-30b-a3b"), 4096, "fp8-block128"))
-    assert {c.block_rescale for c in cands} == {False, True}
     big = [c for c in cands if c.BLOCK_SIZE_M * c.BLOCK_SIZE_N >= 64 * 128]
-    assert big and all(c.num_warps == 8 for c in big if not c.block_rescale)
+    assert big and all(c.num_warps == 8 for c in big)
     assert all(c.BLOCK_SIZE_K == 128 for c in cands)
-    assert not any(c.block_rescale for c in candidates(Problem(get_model("qwen3-30b-a3b"), 4096, "bf16")))
 
 
 def test_split_k_only_where_gemm1_grid_is_small():

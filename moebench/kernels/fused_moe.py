@@ -30,21 +30,13 @@ on either layout, so nothing is transposed in registers.
 **FP8** (``QUANT``): 0 = none; 1 = one scale per token row of A and per output
 column of B, applied once after the K loop (the per-tensor scheme passes the
 same scale with stride 0); 2 = 128x128 weight blocks and 1x128 activation
-groups, which change at every K step (BLOCK_K must be 128). Two ways, chosen by
-the tile config's ``block_rescale`` (``BLOCK_RESCALE``):
-
-- off: a fresh product per step, scaled and added into the accumulator. It keeps a
-  second accumulator-sized tile live: on an H200 GEMM1 spilled 82 to 460 registers
-  at 64x128 (4 warps) to 128x256 tiles.
-- on: the accumulator is kept in units of the current step's scales,
-  ``acc = sum / (xs x ws)``; before each step's ``tl.dot(a, b, acc)`` it is
-  multiplied by ``prev / current`` row and column scales, after the loop by the last
-  ones. No second tile (those spills drop to 0-2 at 64x128/64x256), exact up to one
-  float32 rounding per step; scales are > 0 (the quantizers clamp them) and the
-  values stay finite while ``|sum| / (xs * ws) < 3e38``. Measured on an H200
-  (``results/h200-block128-ab``), neither way wins everywhere: rescaling was 1.2-1.7x
-  faster where the other spills, 1.3-1.5x slower where neither spills, so the tuner
-  tries both.
+groups, applied at every K step (BLOCK_K must be 128): a fresh product per step,
+scaled and added into the accumulator. That keeps a second accumulator-sized tile
+live (GEMM1 spills at 64x128 with 4 warps; the tuner gives such tiles 8). Keeping
+the accumulator in the current step's scales instead (``acc *= prev / current``, then
+``tl.dot(a, b, acc)``) removes the spills but was 3-16% slower than this form at the
+best config of each of the 14 fp8-block128 benchmark points on an H200
+(``results/h200-block128-ab``, and the tuned run of commit bab17e1), so it was dropped.
 
 **Split-K** (``split_k``, GEMM1 only): at decode a few experts x column tiles
 leave most of the 132 SMs idle while each program walks the whole hidden
@@ -155,7 +147,6 @@ def _gemm1_swiglu(
     SWAP_AB: tl.constexpr,
     QUANT: tl.constexpr,
     SPLIT_K: tl.constexpr,
-    BLOCK_RESCALE: tl.constexpr,
 ):
     pid_m, pid_n, valid = _tile_coords(tl.program_id(0) // SPLIT_K, num_padded_ptr, N, BLOCK_M, BLOCK_N, GROUP_M)
     if valid:
@@ -179,38 +170,25 @@ def _gemm1_swiglu(
         u_ptrs = g_ptrs + N * stride_wn  # [BK, BN] or [BN, BK]
         acc_g = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-        xs_prev = tl.full((BLOCK_M,), 1.0, tl.float32)  # BLOCK_RESCALE: the scales acc_g/acc_u are kept in
-        gs_prev = tl.full((BLOCK_N,), 1.0, tl.float32)
-        us_prev = tl.full((BLOCK_N,), 1.0, tl.float32)
         for k in range(k_first, k_last):
             k_ok = offs_k < K - k * BLOCK_K
             a = tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
             b_mask = _grid_and(k_ok, n_ok, SWAP_AB)
             g = tl.load(g_ptrs, mask=b_mask, other=0.0)
             u = tl.load(u_ptrs, mask=b_mask, other=0.0)
-            if QUANT == 2:  # 128x128 blocks: this K step's scales
+            if QUANT == 2:  # 128x128 blocks: scale each K step's partial product
                 xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)  # [BM]
                 ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
-                gs = tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=1.0)  # [BN]
-                us = tl.load(ws + ((N + offs_n) // 128) * stride_wsn, mask=n_ok, other=1.0)
-                if BLOCK_RESCALE:  # move the accumulators to these scales, then accumulate in place
-                    acc_g *= _grid_mul(xs_prev / xs, gs_prev / gs, SWAP_AB)
-                    acc_u *= _grid_mul(xs_prev / xs, us_prev / us, SWAP_AB)
-                    acc_g = _mma(a, g, acc_g, SWAP_AB)
-                    acc_u = _mma(a, u, acc_u, SWAP_AB)
-                    xs_prev, gs_prev, us_prev = xs, gs, us
-                else:  # scale a fresh product into the accumulators
-                    acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * _grid_mul(xs, gs, SWAP_AB)
-                    acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * _grid_mul(xs, us, SWAP_AB)
+                gs = tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0)  # [BN]
+                us = tl.load(ws + ((N + offs_n) // 128) * stride_wsn, mask=n_ok, other=0.0)
+                acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * _grid_mul(xs, gs, SWAP_AB)
+                acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * _grid_mul(xs, us, SWAP_AB)
             else:
                 acc_g = _mma(a, g, acc_g, SWAP_AB)
                 acc_u = _mma(a, u, acc_u, SWAP_AB)
             a_ptrs += BLOCK_K
             g_ptrs += BLOCK_K
             u_ptrs += BLOCK_K
-        if QUANT == 2 and BLOCK_RESCALE:
-            acc_g *= _grid_mul(xs_prev, gs_prev, SWAP_AB)
-            acc_u *= _grid_mul(xs_prev, us_prev, SWAP_AB)
         if QUANT == 1:  # per-token activation scale x per-column weight scale, once
             xs = tl.load(x_scale_ptr + tok * stride_xsm)  # [BM]
             ws = w_scale_ptr + expert * stride_wse
@@ -272,7 +250,6 @@ def _gemm2_combine(
     SWAP_AB: tl.constexpr,
     QUANT: tl.constexpr,
     ATOMIC_SUM: tl.constexpr,
-    BLOCK_RESCALE: tl.constexpr,
 ):
     pid_m, pid_n, valid = _tile_coords(tl.program_id(0), num_padded_ptr, N, BLOCK_M, BLOCK_N, GROUP_M)
     if valid:
@@ -288,8 +265,6 @@ def _gemm2_combine(
         a_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_k, SWAP_AB)
         b_ptrs = w_ptr + expert * stride_we + _grid(offs_k, offs_n * stride_wn, SWAP_AB)
         acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-        hs_prev = tl.full((BLOCK_M,), 1.0, tl.float32)  # BLOCK_RESCALE: the scales acc is kept in
-        ws_prev = tl.full((BLOCK_N,), 1.0, tl.float32)
         for k in range(0, tl.cdiv(K, BLOCK_K)):
             k_ok = offs_k < K - k * BLOCK_K
             a = tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
@@ -297,19 +272,12 @@ def _gemm2_combine(
             if QUANT == 2:
                 hs = tl.load(h_scale_ptr + slot_safe * stride_hsm + k * stride_hsk)  # [BM]
                 ws = tl.load(w_scale_ptr + expert * stride_wse + (offs_n // 128) * stride_wsn + k * stride_wsk,
-                             mask=n_ok, other=1.0)  # [BN]
-                if BLOCK_RESCALE:
-                    acc *= _grid_mul(hs_prev / hs, ws_prev / ws, SWAP_AB)
-                    acc = _mma(a, b, acc, SWAP_AB)
-                    hs_prev, ws_prev = hs, ws
-                else:
-                    acc += _mma(a, b, tl.zeros_like(acc), SWAP_AB) * _grid_mul(hs, ws, SWAP_AB)
+                             mask=n_ok, other=0.0)  # [BN]
+                acc += _mma(a, b, tl.zeros_like(acc), SWAP_AB) * _grid_mul(hs, ws, SWAP_AB)
             else:
                 acc = _mma(a, b, acc, SWAP_AB)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
-        if QUANT == 2 and BLOCK_RESCALE:
-            acc *= _grid_mul(hs_prev, ws_prev, SWAP_AB)
 
         routed = tl.load(topk_weights_ptr + slot_safe, mask=row_ok, other=0.0)  # [BLOCK_M]
         if QUANT == 1:
@@ -334,7 +302,6 @@ def _launch_args(cfg: TileConfig) -> dict:
         BLOCK_K=cfg.BLOCK_SIZE_K,
         GROUP_M=cfg.GROUP_SIZE_M,
         SWAP_AB=cfg.swap_ab,
-        BLOCK_RESCALE=cfg.block_rescale,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
