@@ -194,8 +194,10 @@ def best_configs(df: pd.DataFrame) -> dict[tuple, ConfigTable]:
     simply the lowest time_us.
     """
     rows = df[(df["path"] == "triton") & (df["status"] == "ok") & df["time_us"].notna()]
-    # Only configs the engines' kernels can run as written: not Swap-AB, split-K or the stored top-k sum.
-    portable = rows["config"].map(lambda c: isinstance(c, Mapping) and TileConfig.from_dict(dict(c)).portable)
+    # Only configs the engines' kernels can run as written: not Swap-AB, split-K or the stored top-k sum
+    # (nor the retired moebench-only block_rescale, set in some rows of older runs).
+    portable = rows["config"].map(lambda c: isinstance(c, Mapping) and not c.get("block_rescale")
+                                  and TileConfig.from_dict(dict(c)).portable)
     rows = rows[portable.astype(bool)]
     if "correct" in rows.columns:
         rows = rows[rows["correct"].map(lambda v: _flag(v) is not False)]

@@ -237,6 +237,9 @@ def test_best_configs_exports_only_configs_the_engines_can_run():
         r = row(1, None, 20.0)
         r["config"] = dc_replace(a, BLOCK_SIZE_N=128, **variant).as_dict()
         rows.append(r)
+    retired = row(1, None, 10.0)  # an older run's row with the retired moebench-only field set
+    retired["config"] = {**dc_replace(a, BLOCK_SIZE_N=64).as_dict(), "block_rescale": True}
+    rows.append(retired)
     table = best_configs(pd.DataFrame(rows))[(8, 14336, "bf16", "NVIDIA H200")]
     assert table[1] == a
 
