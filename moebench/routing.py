@@ -281,7 +281,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_progra
     if T == 0:
         return _empty_result(T, num_experts, block_m, topk_ids.device)
     n, dev = max_padded_len(T, num_experts, block_m), topk_ids.device
-    out = AlignResult(  # every entry the kernels read is written by _scatter_kernel
+    out = AlignResult(  # the align kernels write every entry the GEMMs read
         sorted_ids=torch.empty(n, dtype=torch.int32, device=dev),  # [max_padded_len]
         expert_ids=torch.empty(n // block_m, dtype=torch.int32, device=dev),  # [max_blocks]
         num_padded=torch.empty(1, dtype=torch.int32, device=dev),  # [1]

@@ -6,8 +6,8 @@ to do well on Hopper for grouped GEMMs are tried, each with and without
 Swap-AB and with both forms of the top-k sum (atomics: a zeroed float32
 output and a cast after; stored rows: one sum launch), so a sweep reports
 them all and keeps the fastest; where GEMM1's grid would leave SMs idle, a
-split-K variant is added. Each candidate is
-checked against the reference before it is timed (the runner does that).
+split-K variant is added. Each candidate is checked against the reference
+before it is timed (the runner does that).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import product
 
+from moebench.dtypes import DtypeSpec
 from moebench.problem import Problem
 from moebench.tile import TileConfig, fit_stages
 
@@ -55,7 +56,7 @@ def split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
     return split
 
 
-def _for_dtype(base: TileConfig, spec) -> TileConfig:
+def _for_dtype(base: TileConfig, spec: DtypeSpec) -> TileConfig:
     """The class shape adapted to the dtype: fp8 steps over twice the K; fp8-block128 over one scale block."""
     if spec.fp8_scheme != "block128":
         if spec.is_fp8 and base.BLOCK_SIZE_K < 128:
