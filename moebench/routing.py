@@ -18,7 +18,8 @@ unwritten, the reference fills ``T`` and ``-1``).
 the token count is a ``do_not_specialize`` argument, so it can be captured in a CUDA graph
 and a changing number of tokens never recompiles. Up to ``ONE_PROGRAM_SLOTS`` slots and 32
 experts it is one launch of one program (at decode each launch in the layer costs a few
-microseconds); otherwise two launches with a program per expert (count, then scatter).
+microseconds); otherwise two launches (count, then scatter) with a program per expert and
+segment of ``ALIGN_SEGMENT`` slots.
 ``moe_align_reference`` is plain PyTorch and gives the same tensors.
 """
 
@@ -43,6 +44,9 @@ ZIPF_EXPONENT = 1.0
 TOKEN_COUNT_ARGS = ("num_slots",)
 
 _BLOCK_T = 1024  # slots scanned per loop step
+# Slots per segment of the two-launch align: program (expert, segment) scans one segment. With one
+# program per expert scanning all slots, the align took 53-58 us of a layer at M=4096, top-8.
+ALIGN_SEGMENT = 2048
 _BLOCK_B = 256  # expert_ids entries written per loop step
 # Up to this many slots and experts the align step is one program over a [128, <=32] one-hot tile.
 # On an H200 (graph replay, M=1) it saved 3.3 us of Mixtral's 126 us (E=8), but at E=128/256 its
@@ -154,77 +158,99 @@ def _empty_result(T: int, num_experts: int, block_m: int, device: torch.device) 
     )
 
 
-@triton.jit(do_not_specialize=TOKEN_COUNT_ARGS)
+@triton.jit(do_not_specialize=TOKEN_COUNT_ARGS + ("num_segments",))
 def _count_kernel(
     ids_ptr,  # [T] int32 or int64: expert of each slot
-    counts_ptr,  # [E] int32, out: slots per expert
+    counts_ptr,  # [S, E] int32, out: slots per (segment, expert)
     num_slots,  # T = M * topk
+    num_segments,  # S = cdiv(T, segment)
+    num_experts,  # E
+    segment,  # slots per segment
     BLOCK_T: tl.constexpr,
 ):
-    """Grid (E,): program e counts the slots routed to expert e."""
+    """Grid (E, S): program (e, g) counts the slots of segment g routed to expert e."""
     e = tl.program_id(0)
+    g = tl.program_id(1)
+    first = g * segment
+    end = tl.minimum(first + segment, num_slots)
     offs = tl.arange(0, BLOCK_T)
     acc = tl.zeros([BLOCK_T], dtype=tl.int32)
-    for start in range(0, num_slots, BLOCK_T):
+    for start in range(first, end, BLOCK_T):
         s = start + offs  # [BLOCK_T]
-        ids = tl.load(ids_ptr + s, mask=s < num_slots, other=-1)
+        ids = tl.load(ids_ptr + s, mask=s < end, other=-1)
         acc += (ids == e).to(tl.int32)
-    tl.store(counts_ptr + e, tl.sum(acc, axis=0))
+    tl.store(counts_ptr + g * num_experts + e, tl.sum(acc, axis=0))
 
 
-@triton.jit(do_not_specialize=TOKEN_COUNT_ARGS)
+@triton.jit(do_not_specialize=TOKEN_COUNT_ARGS + ("num_segments",))
 def _scatter_kernel(
     ids_ptr,  # [T] int32 or int64: expert of each slot
-    counts_ptr,  # [E] int32: slots per expert, from _count_kernel
+    counts_ptr,  # [S, E] int32: slots per (segment, expert), from _count_kernel
     sorted_ids_ptr,  # [max_padded_len] int32, out
     expert_ids_ptr,  # [max_blocks] int32, out
     num_padded_ptr,  # [1] int32, out
     num_slots,  # T = M * topk, also the padding sentinel
+    num_segments,  # S
     num_experts,  # E
+    segment,  # slots per segment
     BLOCK_M: tl.constexpr,  # tile height the groups are padded to
     PAD_M: tl.constexpr,  # next power of two >= BLOCK_M
     BLOCK_E: tl.constexpr,  # next power of two >= E
+    BLOCK_S: tl.constexpr,  # segments' counts read per loop step
     BLOCK_T: tl.constexpr,
     BLOCK_B: tl.constexpr,
 ):
-    """Grid (E,): program e writes expert e's group of sorted_ids and its blocks of expert_ids."""
+    """Grid (E, S): program (e, g) writes expert e's slots of segment g into e's group of sorted_ids;
+    the g = 0 programs also write their group's padding tail and blocks of expert_ids."""
     e = tl.program_id(0)
+    g = tl.program_id(1)
 
-    # Where expert e's group starts: exclusive prefix sum of the padded counts.
+    # Slots per expert (all segments), and expert e's slots in the segments before g.
     offs_e = tl.arange(0, BLOCK_E)
-    counts = tl.load(counts_ptr + offs_e, mask=offs_e < num_experts, other=0)  # [BLOCK_E]
+    mine = offs_e == e
+    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    before = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for sb in range(0, num_segments, BLOCK_S):
+        rows = sb + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+        ok = (rows < num_segments)[:, None] & (offs_e < num_experts)[None, :]
+        tile = tl.load(counts_ptr + rows[:, None] * num_experts + offs_e[None, :], mask=ok, other=0)
+        counts += tl.sum(tile, axis=0)
+        before += tl.sum(tl.where((rows < g)[:, None], tile, 0), axis=0)
+    # Where expert e's group starts: exclusive prefix sum of the padded counts.
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M  # [BLOCK_E]
     starts = tl.cumsum(padded, axis=0) - padded  # [BLOCK_E]
-    mine = offs_e == e
     start_e = tl.sum(tl.where(mine, starts, 0), axis=0)
     count_e = tl.sum(tl.where(mine, counts, 0), axis=0)
     padded_e = tl.sum(tl.where(mine, padded, 0), axis=0)
-    if e == 0:
+    if e == 0 and g == 0:
         tl.store(num_padded_ptr, tl.sum(padded, axis=0))
 
-    # The slot ids of expert e, in ascending order.
+    # Segment g's slot ids of expert e, in ascending order, after those of earlier segments.
     offs_t = tl.arange(0, BLOCK_T)
-    written = count_e * 0
-    for start in range(0, num_slots, BLOCK_T):
+    written = tl.sum(tl.where(mine, before, 0), axis=0)
+    first = g * segment
+    end = tl.minimum(first + segment, num_slots)
+    for start in range(first, end, BLOCK_T):
         s = start + offs_t  # [BLOCK_T]
-        ids = tl.load(ids_ptr + s, mask=s < num_slots, other=-1)
+        ids = tl.load(ids_ptr + s, mask=s < end, other=-1)
         hit = (ids == e).to(tl.int32)  # [BLOCK_T]
         pos = start_e + written + tl.cumsum(hit, axis=0) - 1  # [BLOCK_T]
         tl.store(sorted_ids_ptr + pos, s.to(tl.int32), mask=hit != 0)
         written += tl.sum(hit, axis=0)
 
-    # The padding tail of the group (fewer than BLOCK_M entries).
-    offs_p = tl.arange(0, PAD_M)
-    sentinel = tl.zeros([PAD_M], dtype=tl.int32) + num_slots
-    tl.store(sorted_ids_ptr + start_e + count_e + offs_p, sentinel, mask=offs_p < padded_e - count_e)
+    if g == 0:
+        # The padding tail of the group (fewer than BLOCK_M entries).
+        offs_p = tl.arange(0, PAD_M)
+        sentinel = tl.zeros([PAD_M], dtype=tl.int32) + num_slots
+        tl.store(sorted_ids_ptr + start_e + count_e + offs_p, sentinel, mask=offs_p < padded_e - count_e)
 
-    # The group's blocks of expert_ids.
-    offs_b = tl.arange(0, BLOCK_B)
-    first_block = start_e // BLOCK_M
-    n_blocks = padded_e // BLOCK_M
-    expert = tl.zeros([BLOCK_B], dtype=tl.int32) + e
-    for b in range(0, n_blocks, BLOCK_B):
-        tl.store(expert_ids_ptr + first_block + b + offs_b, expert, mask=b + offs_b < n_blocks)
+        # The group's blocks of expert_ids.
+        offs_b = tl.arange(0, BLOCK_B)
+        first_block = start_e // BLOCK_M
+        n_blocks = padded_e // BLOCK_M
+        expert = tl.zeros([BLOCK_B], dtype=tl.int32) + e
+        for b in range(0, n_blocks, BLOCK_B):
+            tl.store(expert_ids_ptr + first_block + b + offs_b, expert, mask=b + offs_b < n_blocks)
 
 
 @triton.jit(do_not_specialize=TOKEN_COUNT_ARGS)
@@ -297,12 +323,13 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_progra
             BLOCK_T=ONE_PROGRAM_SLOTS, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_B=64, num_warps=8,
         )
         return out
-    counts = torch.empty(num_experts, dtype=torch.int32, device=topk_ids.device)  # [E]
-    _count_kernel[(num_experts,)](ids, counts, T, BLOCK_T=_BLOCK_T)
-    _scatter_kernel[(num_experts,)](
-        ids, counts, out.sorted_ids, out.expert_ids, out.num_padded, T, num_experts,
+    segments = triton.cdiv(T, ALIGN_SEGMENT)
+    counts = torch.empty(segments, num_experts, dtype=torch.int32, device=dev)  # [S, E]
+    _count_kernel[(num_experts, segments)](ids, counts, T, segments, num_experts, ALIGN_SEGMENT, BLOCK_T=_BLOCK_T)
+    _scatter_kernel[(num_experts, segments)](
+        ids, counts, out.sorted_ids, out.expert_ids, out.num_padded, T, segments, num_experts, ALIGN_SEGMENT,
         BLOCK_M=block_m, PAD_M=triton.next_power_of_2(block_m), BLOCK_E=triton.next_power_of_2(num_experts),
-        BLOCK_T=_BLOCK_T, BLOCK_B=_BLOCK_B,
+        BLOCK_S=16, BLOCK_T=_BLOCK_T, BLOCK_B=_BLOCK_B,
     )
     return out
 

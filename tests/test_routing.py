@@ -257,6 +257,24 @@ def test_both_align_kernels_on_decode_sized_cases(case, one_program):
     _assert_same_used(got, moe_align_reference(ids, E, block_m), block_m)
 
 
+@pytest.mark.parametrize("case, segment", [
+    ((20, 2, 7, 16), 2),  # 20 segments: more than the scatter reads per step
+    ((20, 2, 7, 16), 3),  # a short last segment; segments shorter than most groups
+    ((4, 2, 64, 16), 3),  # most experts have no slots in any segment
+    ((300, 8, 64, 16), 1000),  # segments longer than one scan step (1024 slots), not a multiple of it
+    ((300, 8, 64, 32), 512),
+])
+def test_two_launch_align_over_several_segments(case, segment, monkeypatch):
+    """The two-launch align splits the slots into segments (a program per expert and segment); any
+    segment length gives the definition's result, slots ascending across segment boundaries."""
+    monkeypatch.setattr(routing, "ALIGN_SEGMENT", segment)
+    M, topk, E, block_m = case
+    ids = _router_ids(M, topk, E, seed=sum(case))
+    got = _align_on_device(ids, E, block_m, one_program=False)
+    _check_definition(got, ids, E, block_m)
+    _assert_same_used(got, moe_align_reference(ids, E, block_m), block_m)
+
+
 def test_one_program_align_refuses_what_does_not_fit():
     with pytest.raises(ValueError, match="one-program align"):
         moe_align(torch.zeros(ONE_PROGRAM_SLOTS + 1, 1, dtype=torch.int32), 4, 16, one_program=True)
@@ -316,7 +334,7 @@ def test_moe_align_rejects_bad_ids():
 # no recompilation when the token count changes
 # ----------------------------------------------------------------------------------------
 
-_ALIGN_KERNELS = (routing._count_kernel, routing._scatter_kernel)
+_ALIGN_KERNELS = (routing._count_kernel, routing._scatter_kernel, routing._align_one_program)
 
 
 def _declared_do_not_specialize(kernel) -> tuple:
