@@ -37,7 +37,7 @@ import pandas as pd
 from moebench.dtypes import get_dtype
 from moebench.errors import UserError
 from moebench.results import write_text_atomic
-from moebench.tile import TileConfig
+from moebench.tile import TileConfig, uses_retired_field
 
 LAYOUTS = ("vllm", "sglang")
 TABLE_KEY = ("experts", "intermediate", "dtype", "device_name")  # the key of best_configs' result
@@ -196,7 +196,7 @@ def best_configs(df: pd.DataFrame) -> dict[tuple, ConfigTable]:
     rows = df[(df["path"] == "triton") & (df["status"] == "ok") & df["time_us"].notna()]
     # Only configs the engines' kernels can run as written: not Swap-AB, split-K or the stored top-k sum
     # (nor the retired moebench-only block_rescale, set in some rows of older runs).
-    portable = rows["config"].map(lambda c: isinstance(c, Mapping) and not c.get("block_rescale")
+    portable = rows["config"].map(lambda c: isinstance(c, Mapping) and not uses_retired_field(c)
                                   and TileConfig.from_dict(dict(c)).portable)
     rows = rows[portable.astype(bool)]
     if "correct" in rows.columns:

@@ -7,6 +7,7 @@ one back unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 
 from moebench.errors import UserError
@@ -16,6 +17,12 @@ _VLLM_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "n
 
 def _pow2(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
+
+
+def uses_retired_field(d: Mapping) -> bool:
+    """Whether a config dict sets ``block_rescale``, a moebench-only field that was retired: rows of
+    commit bab17e1 carry it (mostly false); a false one loads, a true one describes no kernel built now."""
+    return bool(d.get("block_rescale", False))
 
 
 @dataclass(frozen=True)
@@ -47,8 +54,9 @@ class TileConfig:
     @classmethod
     def from_dict(cls, d: dict) -> TileConfig:
         d = dict(d)
-        if d.pop("block_rescale", False):  # a retired field: rows of commit bab17e1 carry it, mostly false
+        if uses_retired_field(d):
             raise UserError("tile config: block_rescale (rescaled fp8-block128 accumulation) is no longer built")
+        d.pop("block_rescale", None)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 
 from moebench.kernels.act_quant import quantize_act
-from moebench.routing import max_padded_len, moe_align
+from moebench.routing import moe_align
 from moebench.tile import TileConfig
 
 QUANT_NONE, QUANT_ROWCOL, QUANT_BLOCK = 0, 1, 2
@@ -347,7 +347,7 @@ def fused_moe(
 
     a1, a1_scale = (x, None) if quant == QUANT_NONE else quantize_act(x, fp8_scheme)  # [M, H] fp8
     align = moe_align(topk_ids, E, bm)
-    max_blocks = max_padded_len(T, E, bm) // bm
+    max_blocks = align.expert_ids.numel()  # the grid's upper bound on tiles along the slots
 
     act_dtype = x.dtype
     h = torch.empty(T, I, device=x.device, dtype=act_dtype)  # [T, I]
