@@ -132,6 +132,16 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     _err.print(f"run folder: {run_dir}")
 
 
+def _load_run_warned(run: Path):
+    """A run folder's rows, saying on stderr when its schema version is not this moebench's."""
+    from moebench.results import load_run, schema_warning
+
+    meta, df = load_run(run)
+    if w := schema_warning(meta, str(run)):
+        _err.print(w)
+    return df
+
+
 @cli.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
@@ -143,22 +153,14 @@ def report(runs, fmt, gains):
     import pandas as pd
 
     from moebench import report as rep
-    from moebench.results import load_run, schema_warning
 
-    frames = []
-    for run in runs:
-        meta, frame = load_run(run)
-        if w := schema_warning(meta, str(run)):
-            _err.print(w)
-        frames.append(frame)
-    df = pd.concat(frames, ignore_index=True)
-    run = ", ".join(str(r) for r in runs)
+    df = pd.concat([_load_run_warned(run) for run in runs], ignore_index=True)
     if not gains:
         _print_tables(df, fmt, _console())
         return
     table = rep.gains_table(df)
     if fmt == "table":
-        rep.render(table, "table", f"triton gains: {run}", console=_console())
+        rep.render(table, "table", f"triton gains: {', '.join(map(str, runs))}", console=_console())
         geo, low = rep.geomean_pct_of_floor(table)
         _console().print(f"{len(table)} points: geometric mean {geo:.1f}% of floor, lowest {low:.1f}%")
     else:
@@ -176,13 +178,8 @@ def compare(base, new, fmt, threshold, fail_on_slower):
     """Compare two run folders point by point: SAME / FASTER / SLOWER against the noise of both."""
     from moebench import compare as cmp
     from moebench import report as rep
-    from moebench.results import load_run, schema_warning
 
-    base_meta, base_df = load_run(base)
-    new_meta, new_df = load_run(new)
-    for meta, where in ((base_meta, base), (new_meta, new)):
-        if w := schema_warning(meta, str(where)):
-            _err.print(w)
+    base_df, new_df = _load_run_warned(base), _load_run_warned(new)
     if w := cmp.device_mismatch(base_df, new_df):
         _err.print(f"warning: {w}")
     table = cmp.compare_runs(base_df, new_df, min_threshold=threshold)
