@@ -155,6 +155,16 @@ def test_split_k_matches_reference(dtype, swap_ab):
     assert result.correct, f"rel. error {result.rel_err}"
 
 
+def test_triton_path_refuses_a_block128_config_without_128_wide_k_steps():
+    """fp8-block128 with a K step that is not one 128-wide scale block is refused in one line."""
+    from moebench.errors import UserError
+
+    path = get_path("triton")
+    block = Problem(_shape(8, 128, 64, 2), 4, "fp8-block128")
+    with pytest.raises(UserError, match="BLOCK_SIZE_K=128"):
+        path.prepare(make_inputs(block, DEVICE), block, TileConfig(16, 64, 64, 1, 4, 2))
+
+
 @pytest.mark.parametrize("swap_ab", [False, True])
 def test_block128_scales_that_differ_by_orders_between_k_groups(swap_ab):
     """Each K step applies its own 128x128-block scales: with activation and weight groups whose scales

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from moebench.errors import UserError
 from moebench.kernels.fused_moe import fused_moe
 from moebench.paths.base import Target, register
 from moebench.problem import MoEInputs, Problem
@@ -32,6 +33,9 @@ class TritonPath:
 
     def prepare(self, inputs: MoEInputs, problem: Problem, config: TileConfig | None):
         cfg = config or self.default_config(problem)
+        if problem.spec.fp8_scheme == "block128" and cfg.BLOCK_SIZE_K != 128:
+            raise UserError(f"tile config: fp8-block128 needs BLOCK_SIZE_K=128 (one scale block per step), "
+                            f"not {cfg.BLOCK_SIZE_K}")
         w = inputs.weights
 
         def run(out: torch.Tensor) -> None:
