@@ -27,8 +27,8 @@ _SMALL = (T(32, 64, 128, 1, 4, 4), T(32, 128, 128, 1, 4, 3), T(16, 64, 128, 1, 4
 _MID = (T(64, 64, 64, 8, 4, 4), T(64, 128, 64, 8, 4, 4), T(64, 128, 128, 8, 4, 3), T(128, 64, 64, 8, 4, 4))
 # Prefill: per-GEMM profiles on an H200 (results/h200-gemm-split) had 128x256 slowest at every point
 # (GEMM1 3-7x the best) and 64x64 / 64x256 fastest for the fp8-block128 / bf16 Qwen3 GEMM1.
-# 64x64 also at 3 stages: at fp8-block128 (24 KB a stage) that leaves room for a third program per SM
-# and was 0-2% faster than 4 stages (results/h200-session3-ab).
+# 64x64 also at 3 stages: at fp8-block128 its operand tiles take 72 KB of shared memory, not 96 KB,
+# and it was 0-2% faster than 4 stages (results/h200-session3-ab).
 _LARGE = (T(128, 128, 64, 8, 8, 3), T(128, 128, 64, 8, 8, 4), T(64, 256, 64, 8, 8, 3), T(64, 128, 64, 8, 4, 4),
           T(64, 64, 64, 8, 4, 4), T(64, 64, 64, 8, 4, 3))
 

@@ -5,15 +5,14 @@ segments), each point at its best config of results/h200-kernels-bab17e1; and th
     PYTHONPATH=$PWD python3 scripts/ab_align_segments.py > rows.jsonl
 """
 
-import glob
 import json
 
 import torch
+from _points import best_rows, problem_of
 
 import moebench.routing as routing
 from moebench.kernels.fused_moe import fused_moe
-from moebench.models import get_model, shard
-from moebench.problem import Problem, make_inputs
+from moebench.problem import make_inputs
 from moebench.tile import TileConfig
 from moebench.timing import time_graph
 
@@ -21,21 +20,12 @@ POINTS = [("qwen3-30b-a3b", "bf16", 4096), ("qwen3-30b-a3b", "fp8-block128", 102
           ("qwen3-30b-a3b", "fp8-block128", 4096), ("deepseek-v3@tp8", "fp8-block128", 1024),
           ("deepseek-v3@tp8", "fp8-block128", 4096), ("mixtral-8x7b", "bf16", 4096)]
 
-best = {}
-for f in glob.glob("results/h200-kernels-bab17e1/*/rows.jsonl"):
-    for line in open(f):
-        r = json.loads(line)
-        key = (r["model"], r["dtype"], r["M"])
-        if r["path"] == "triton" and r["status"] == "ok" and r["correct"]:
-            if key not in best or r["time_us"] < best[key]["time_us"]:
-                best[key] = r
-
+best = best_rows()
 
 
 def measure(model: str, dtype: str, m: int) -> dict:
-    name, _, tp = model.partition("@tp")
-    shape = shard(get_model(name), tp=int(tp or 1))
-    problem = Problem(shape, m, dtype)
+    problem = problem_of(model, dtype, m)
+    shape = problem.shape
     inp = make_inputs(problem, "cuda")
     w = inp.weights
     cfg = TileConfig.from_dict(best[(model, dtype, m)]["config"])

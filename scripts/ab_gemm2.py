@@ -14,17 +14,16 @@ Each variant's output is checked against the float32 reference before it is time
     PYTHONPATH=$PWD python3 scripts/ab_gemm2.py > rows.jsonl
 """
 
-import glob
 import importlib.util
 import json
 
 import torch
 import triton
+from _points import best_rows, problem_of
 
 import moebench.kernels.fused_moe as new
-from moebench.models import get_model, shard
 from moebench.paths.torch_ref import moe_reference
-from moebench.problem import Problem, make_inputs
+from moebench.problem import make_inputs
 from moebench.tile import TileConfig
 from moebench.timing import time_graph
 
@@ -39,14 +38,7 @@ PREFILL = [("deepseek-v3@tp8", "fp8-block128", 4096), ("deepseek-v3@tp8", "fp8-b
            ("qwen3-30b-a3b", "bf16", 4096), ("mixtral-8x7b", "fp8-tensor", 1024)]
 GEMM2 = [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 4, 3), (128, 8, 2), (128, 8, 3), (256, 8, 2)]
 
-best = {}
-for f in glob.glob("results/h200-kernels-bab17e1/*/rows.jsonl"):
-    for line in open(f):
-        r = json.loads(line)
-        key = (r["model"], r["dtype"], r["M"])
-        if r["path"] == "triton" and r["status"] == "ok" and r["correct"]:
-            if key not in best or r["time_us"] < best[key]["time_us"]:
-                best[key] = r
+best = best_rows()
 
 
 class Gemm2Override:
@@ -64,9 +56,8 @@ class Gemm2Override:
 
 
 def measure(model: str, dtype: str, m: int, prefill: bool) -> dict:
-    name, _, tp = model.partition("@tp")
-    shape = shard(get_model(name), tp=int(tp or 1))
-    problem = Problem(shape, m, dtype)
+    problem = problem_of(model, dtype, m)
+    shape = problem.shape
     inp = make_inputs(problem, "cuda")
     w = inp.weights
     ref = moe_reference(inp.x, w, inp.topk_weights, inp.topk_ids).float()
