@@ -36,6 +36,7 @@ class TileConfig:
     swap_ab: bool = False  # compute C^T = W . X^T (moebench's kernels only; not written to vLLM/SGLang files)
     atomic_sum: bool = True  # top-k sum by atomics in GEMM2's epilogue, else rows stored then summed (moebench only)
     split_k: int = 1  # GEMM1 programs per output tile, each over a share of K (moebench only)
+    direct_route: bool = False  # a tile per token slot, its expert read from topk_ids: no align step (moebench only)
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -61,13 +62,13 @@ class TileConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise UserError(f"tile config: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
-        flags = ("swap_ab", "atomic_sum")
+        flags = ("swap_ab", "atomic_sum", "direct_route")
         return cls(**{k: bool(v) if k in flags else int(v) for k, v in d.items()})
 
     @property
     def portable(self) -> bool:
         """Whether vLLM's and SGLang's kernels run this config as written (no moebench-only field set)."""
-        return not self.swap_ab and self.atomic_sum and self.split_k == 1
+        return not self.swap_ab and self.atomic_sum and self.split_k == 1 and not self.direct_route
 
     def to_vllm_dict(self) -> dict[str, int]:
         d = asdict(self)

@@ -74,14 +74,19 @@ def _for_dtype(base: TileConfig, spec: DtypeSpec) -> TileConfig:
 
 def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> list[TileConfig]:
     """Distinct configs to try for ``problem``: the class's shapes x Swap-AB x the top-k sum's two forms
-    (x a split-K variant where GEMM1's grid is small), fitted to shared memory."""
+    (x a split-K variant where GEMM1's grid is small, x a tile per slot with no align step where slots
+    are few against experts), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
+    # A tile per slot reads an expert's weights once per slot routed to it, so only where few slots share
+    # an expert: with uniform routing about T / 2E of the T slots do, at most 1 in 8 here. On an H200 it
+    # was 0-16% faster at T <= E / 4 and 31-38% slower at T = E (results/h200-session4).
+    direct = (False, True) if 4 * problem.M * s.topk <= s.experts else (False,)
     out: dict[tuple, TileConfig] = {}
     for base in _classes(per_expert):
         cfg = fit_stages(_for_dtype(base, spec), spec.weight_bytes)
         splits = sorted({1, split_for(problem, cfg)})
-        for swap, atomic, split in product(swap_ab, (True, False), splits):
-            c = replace(cfg, swap_ab=swap, atomic_sum=atomic, split_k=split)
+        for swap, atomic, split, route in product(swap_ab, (True, False), splits, direct):
+            c = replace(cfg, swap_ab=swap, atomic_sum=atomic, split_k=split, direct_route=route)
             out.setdefault(c.key(), c)
     return list(out.values())

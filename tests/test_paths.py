@@ -13,6 +13,7 @@ import torch
 
 from moebench._interpret import interpreting
 from moebench.dtypes import DTYPES
+from moebench.kernels.act_quant import quantize_act
 from moebench.models import MoEShape
 from moebench.paths import Target, get_path
 from moebench.paths.cutlass_path import grouped_moe_bf16
@@ -165,11 +166,45 @@ def test_triton_path_refuses_a_block128_config_without_128_wide_k_steps():
         path.prepare(make_inputs(block, DEVICE), block, TileConfig(16, 64, 64, 1, 4, 2))
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "fp8-tensor", "fp8-block128"] + (["bf16"] if GPU else []))
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[4]])
+def test_direct_route_matches_reference(case, dtype):
+    """A tile per token slot, read from topk_ids with no align step, gives the layer; with top-k = E
+    every expert serves several tiles. Plain and Swap-AB, both top-k sums, with and without split-K."""
+    e, h, i, k, m = case
+    problem = Problem(_shape(e, h, i, k), m, dtype, seed=8)
+    inputs = make_inputs(problem, DEVICE, draw=1)
+    path = get_path("triton")
+    base = replace(path.default_config(problem), direct_route=True)
+    for config in (base, replace(base, swap_ab=True, atomic_sum=False), replace(base, swap_ab=True, split_k=2)):
+        result = check_point(path, problem, inputs, config)
+        assert result.correct, f"{config}: rel. error {result.rel_err}"
+
+
+@pytest.mark.parametrize("intermediate", [200, 1100])  # 2 groups, the last partly outside h; 9 groups, 2 chunks
+@pytest.mark.parametrize("config", [
+    TileConfig(16, 64, 128, 1, 4, 2, split_k=2),
+    TileConfig(16, 64, 128, 1, 4, 2, swap_ab=True, split_k=2, direct_route=True),
+])
+def test_block128_split_k_activation_writes_gemm2_fp8_input(config, intermediate, monkeypatch):
+    """After a split-K GEMM1, fp8-block128's h is quantized by the launch that applies the activation:
+    quantize_act runs once (for x), not twice, and the layer matches the reference."""
+    from moebench.kernels import fused_moe as fm
+
+    calls = []
+    monkeypatch.setattr(fm, "quantize_act", lambda t, scheme: calls.append(t.shape) or quantize_act(t, scheme))
+    problem = Problem(_shape(4, 512, intermediate, 2), 3, "fp8-block128", seed=9)
+    result = check_point(get_path("triton"), problem, make_inputs(problem, DEVICE, draw=1), config)
+    assert result.correct, f"rel. error {result.rel_err}"
+    assert calls and all(shape == (3, 512) for shape in calls)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
 @pytest.mark.parametrize("swap_ab", [False, True])
-def test_block128_scales_that_differ_by_orders_between_k_groups(swap_ab):
+def test_block128_scales_that_differ_by_orders_between_k_groups(swap_ab, split_k):
     """Each K step applies its own 128x128-block scales: with activation and weight groups whose scales
     differ by up to 1e5 (each group's products kept O(1)), the layer matches the reference, plain and
-    Swap-AB."""
+    Swap-AB, and with split-K (h's groups then quantized by the activation launch)."""
     from moebench.kernels.fused_moe import fused_moe
     from moebench.problem import Weights
     from moebench.quant import quantize_weight
@@ -190,7 +225,7 @@ def test_block128_scales_that_differ_by_orders_between_k_groups(swap_ab):
     topk_weights, topk_ids = route(M, E, topk, "uniform", 21, DEVICE)
 
     out = torch.full((M, H), float("nan"), device=DEVICE, dtype=act)
-    cfg = TileConfig(16, 64, 128, 1, 4, 2, swap_ab=swap_ab)
+    cfg = TileConfig(16, 64, 128, 1, 4, 2, swap_ab=swap_ab, split_k=split_k)
     fused_moe(x, q13, q2, topk_weights, topk_ids, cfg, out=out, fp8_scheme="block128", w13_scale=s13, w2_scale=s2)
     ref = moe_reference(x, weights, topk_weights, topk_ids)
     assert torch.isfinite(out).all()

@@ -65,3 +65,15 @@ def test_split_k_only_where_gemm1_grid_is_small():
     programs = min(ds.experts, ds.topk) * -(-ds.intermediate // cfg.BLOCK_SIZE_N)
     split = split_for(Problem(ds, 1, "fp8-block128"), cfg)
     assert programs * split >= 2 * 132 and programs * split // 2 < 2 * 132
+
+
+def test_direct_route_only_where_slots_are_few_against_experts():
+    """A tile per slot (no align step) is tried where 4 * M * topk <= E, beside the aligned tiles; not
+    where many slots would share an expert and read its weights once each."""
+    ds = shard(get_model("deepseek-v3"), tp=8)
+    decode = candidates(Problem(ds, 1, "fp8-block128"))
+    assert {c.direct_route for c in decode} == {False, True}
+    assert {c.direct_route for c in candidates(Problem(get_model("qwen3-30b-a3b"), 4, "bf16"))} == {False, True}
+    assert not any(c.direct_route for c in candidates(Problem(get_model("qwen3-30b-a3b"), 16, "bf16")))
+    assert not any(c.direct_route for c in candidates(Problem(get_model("mixtral-8x7b"), 4, "bf16")))
+    assert not any(c.direct_route for c in candidates(Problem(ds, 4096, "fp8-block128")))

@@ -30,7 +30,7 @@ GROUP_ROWS = 32
 
 
 @triton.jit
-def _to_fp8(v, dtype, ROUND_FIRST: tl.constexpr):
+def to_fp8(v, dtype, ROUND_FIRST: tl.constexpr):
     """Cast float32 ``v`` (already within +-448) to e4m3.
 
     The Triton interpreter's float32 -> fp8 cast drops the carry when rounding crosses a
@@ -76,7 +76,7 @@ def _quantize_rows(x_ptr, q_ptr, amax_ptr, scale_ptr, R, K, stride_x, stride_q,
     for k in range(0, K, BLOCK_K):
         offs = k + tl.arange(0, BLOCK_K)
         v = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
-        q = _to_fp8(tl.minimum(tl.maximum(v / scale, -448.0), 448.0), q_ptr.dtype.element_ty, ROUND_FIRST)
+        q = to_fp8(tl.minimum(tl.maximum(v / scale, -448.0), 448.0), q_ptr.dtype.element_ty, ROUND_FIRST)
         tl.store(q_ptr + row * stride_q + offs, q, mask=offs < K)
     if PER_TENSOR:
         if row == 0:
@@ -97,7 +97,7 @@ def _quantize_groups(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s
     r64 = rows.to(tl.int64)
     v = tl.load(x_ptr + r64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-12) / 448.0  # [BLOCK_R]
-    q = _to_fp8(tl.minimum(tl.maximum(v / scale[:, None], -448.0), 448.0), q_ptr.dtype.element_ty, ROUND_FIRST)
+    q = to_fp8(tl.minimum(tl.maximum(v / scale[:, None], -448.0), 448.0), q_ptr.dtype.element_ty, ROUND_FIRST)
     tl.store(q_ptr + r64[:, None] * stride_q + cols[None, :], q, mask=ok)
     tl.store(scale_ptr + r64 * stride_s + g, scale, mask=row_ok)
 

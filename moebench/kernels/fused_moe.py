@@ -39,12 +39,18 @@ the accumulator in the current step's scales instead (``acc *= prev / current``,
 best config of each of the 14 fp8-block128 benchmark points on an H200
 (``results/h200-block128-ab``, and the tuned run of commit bab17e1), so it was dropped.
 
+**A tile per slot** (``direct_route``): at decode the align step (one or two launches) is skipped;
+row tile ``i`` is token slot ``i`` alone, its expert read from ``topk_ids``. Where slots sharing an
+expert are few this reads no more weights. On an H200, same configs, the layer was 7-16% faster at
+DeepSeek-V3@tp8 and Qwen3 fp8-block128 M=1 and M=4 and Qwen3 bf16 M=1 (``results/h200-session4``).
+
 **Split-K** (``split_k``, GEMM1 only): at decode a few experts x column tiles
 leave most of the 132 SMs idle while each program walks the whole hidden
 dimension (measured: DeepSeek-V3@tp8 at M=1, 64 programs, 1.1 TB/s). With
 ``split_k`` > 1 each program takes a share of the K steps and adds its gate and
 up partial sums into a float32 ``[T, 2I]`` buffer; a small ``_swiglu`` launch
-then applies the activation (the only place the fused epilogue is given up).
+then applies the activation (the only place the fused epilogue is given up). For fp8-block128 that
+launch also writes GEMM2's fp8 input and group scales, so h needs no quantization launch.
 
 Token counts are never compile-time constants: ``num_slots`` is declared
 ``do_not_specialize`` and the grid is sized from shapes alone (an upper bound
@@ -58,7 +64,8 @@ import torch
 import triton
 import triton.language as tl
 
-from moebench.kernels.act_quant import quantize_act
+from moebench._interpret import interpreting
+from moebench.kernels.act_quant import quantize_act, to_fp8
 from moebench.routing import moe_align
 from moebench.tile import TileConfig
 
@@ -118,18 +125,28 @@ def _tile_coords(pid, max_pid_m, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 
 
 @triton.jit
-def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, BLOCK_M: tl.constexpr):
+def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M: tl.constexpr,
+                DIRECT: tl.constexpr):
     """The row tile's slot ids [BLOCK_M], its expert, and whether it lies within the used length.
 
     The three loads are independent, so they are in flight together. The used length was loaded
     first before, a second memory round trip ahead of every program's first operand load; with the
     relaxed atomics and the Triton top-k sum this made the layers 2.5-11% faster on an H200
     (results/h200-session3-ab).
+
+    ``DIRECT`` (no align step): row tile ``pid_m`` is token slot ``pid_m`` alone, in its first row,
+    and ``expert_ids_ptr`` is ``topk_ids`` flattened ``[T]``.
     """
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    slot = tl.load(sorted_ids_ptr + offs_m)  # [BLOCK_M]; within the grid's bound, so never past the end
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    return slot, expert, pid_m * BLOCK_M < tl.load(num_padded_ptr)
+    if DIRECT:
+        valid = pid_m < num_slots
+        slot = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_slots)  # [BLOCK_M]; one real row
+        expert = tl.load(expert_ids_ptr + pid_m, mask=valid, other=0).to(tl.int64)
+    else:
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        slot = tl.load(sorted_ids_ptr + offs_m)  # [BLOCK_M]; within the grid's bound, so never past the end
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        valid = pid_m * BLOCK_M < tl.load(num_padded_ptr)
+    return slot, expert, valid
 
 
 @triton.jit(do_not_specialize=["num_slots", "max_pid_m"])
@@ -163,9 +180,11 @@ def _gemm1_swiglu(
     SWAP_AB: tl.constexpr,
     QUANT: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
-    slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, BLOCK_M)
+    slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
+                                      DIRECT)
     if valid:
         row_ok = slot < num_slots
         tok = tl.where(row_ok, slot // TOPK, 0).to(tl.int64)
@@ -222,15 +241,34 @@ def _gemm1_swiglu(
 
 
 @triton.jit
-def _swiglu(gu_ptr, h_ptr, N, BLOCK_N: tl.constexpr):
-    """h[r] = silu(gu[r, :N]) * gu[r, N:] for one row r per program (after a split-K GEMM1)."""
+def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, stride_hsm, BLOCK_N: tl.constexpr, QUANT_OUT: tl.constexpr,
+            BLOCK_G: tl.constexpr, ROUND_FIRST: tl.constexpr):
+    """h[r] = silu(gu[r, :N]) * gu[r, N:] for one row r per program (after a split-K GEMM1).
+
+    With ``QUANT_OUT`` h is written as fp8 with one scale per 1x128 group (GEMM2's fp8-block128
+    input, with no quantization launch of its own), BLOCK_G groups at a time as one [BLOCK_G, 128] tile.
+    """
     row = tl.program_id(0).to(tl.int64)
-    for n in range(0, N, BLOCK_N):
-        offs = n + tl.arange(0, BLOCK_N)
-        ok = offs < N
-        g = tl.load(gu_ptr + row * 2 * N + offs, mask=ok, other=0.0)
-        u = tl.load(gu_ptr + row * 2 * N + N + offs, mask=ok, other=0.0)
-        tl.store(h_ptr + row * N + offs, (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty), mask=ok)
+    if QUANT_OUT:
+        for n in range(0, N, BLOCK_G * 128):
+            groups = n // 128 + tl.arange(0, BLOCK_G)  # [BLOCK_G]
+            offs = groups[:, None] * 128 + tl.arange(0, 128)[None, :]  # [BLOCK_G, 128]
+            ok = offs < N
+            g = tl.load(gu_ptr + row * 2 * N + offs, mask=ok, other=0.0)
+            u = tl.load(gu_ptr + row * 2 * N + N + offs, mask=ok, other=0.0)
+            h = g * tl.sigmoid(g) * u
+            scale = tl.maximum(tl.max(tl.abs(h), axis=1), 1e-12) / 448.0  # [BLOCK_G]
+            q = to_fp8(tl.minimum(tl.maximum(h / scale[:, None], -448.0), 448.0), h_ptr.dtype.element_ty,
+                       ROUND_FIRST)
+            tl.store(h_ptr + row * N + offs, q, mask=ok)
+            tl.store(h_scale_ptr + row * stride_hsm + groups, scale, mask=groups * 128 < N)
+    else:
+        for n in range(0, N, BLOCK_N):
+            offs = n + tl.arange(0, BLOCK_N)
+            ok = offs < N
+            g = tl.load(gu_ptr + row * 2 * N + offs, mask=ok, other=0.0)
+            u = tl.load(gu_ptr + row * 2 * N + N + offs, mask=ok, other=0.0)
+            tl.store(h_ptr + row * N + offs, (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit(do_not_specialize=["num_slots", "max_pid_m"])
@@ -265,9 +303,11 @@ def _gemm2_combine(
     SWAP_AB: tl.constexpr,
     QUANT: tl.constexpr,
     ATOMIC_SUM: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0), max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
-    slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, BLOCK_M)
+    slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
+                                      DIRECT)
     if valid:
         row_ok = slot < num_slots
         slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
@@ -336,6 +376,7 @@ def _launch_args(cfg: TileConfig) -> dict:
         BLOCK_K=cfg.BLOCK_SIZE_K,
         GROUP_M=cfg.GROUP_SIZE_M,
         SWAP_AB=cfg.swap_ab,
+        DIRECT=cfg.direct_route,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -379,8 +420,13 @@ def fused_moe(
     launch = dict(QUANT=quant, TOPK=topk, **_launch_args(config))
 
     a1, a1_scale = (x, None) if quant == QUANT_NONE else quantize_act(x, fp8_scheme)  # [M, H] fp8
-    align = moe_align(topk_ids, E, config.BLOCK_SIZE_M)
-    max_blocks = align.expert_ids.numel()  # the grid's upper bound on tiles along the slots
+    if config.direct_route:  # a tile per slot: topk_ids serves as the tiles' expert ids, no align launch
+        ids = topk_ids.reshape(-1)  # [T]
+        sorted_ids, expert_ids, num_padded, max_blocks = ids, ids, ids, T
+    else:
+        align = moe_align(topk_ids, E, config.BLOCK_SIZE_M)
+        sorted_ids, expert_ids, num_padded = align.sorted_ids, align.expert_ids, align.num_padded
+        max_blocks = expert_ids.numel()  # the grid's upper bound on tiles along the slots
 
     # The float32 buffers that atomics add into, zeroed by one launch: GEMM1's split-K partial
     # sums [T, 2I] and GEMM2's top-k sums [M, H].
@@ -389,18 +435,26 @@ def fused_moe(
     n_acc = M * H if config.atomic_sum else 0
     zeroed = torch.zeros(n_gu + n_acc, device=x.device, dtype=torch.float32)
 
+    # fp8-block128 after a split-K GEMM1: the _swiglu launch writes GEMM2's fp8 input and group scales.
+    quant_out = quant == QUANT_BLOCK and split > 1
     act_dtype = x.dtype
-    h = torch.empty(T, I, device=x.device, dtype=act_dtype)  # [T, I]
+    h = torch.empty(T, I, device=x.device, dtype=a1.dtype if quant_out else act_dtype)  # [T, I]
+    h_scale = torch.empty(T, triton.cdiv(I, 128), device=x.device, dtype=torch.float32) if quant_out else None
     gu = h if split == 1 else zeroed[:n_gu].view(T, 2 * I)  # [T, 2I]
     k1 = _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N) * split,)](
-        a1, w13, gu, a1_scale, w13_scale, align.sorted_ids, align.expert_ids, align.num_padded,
+        a1, w13, gu, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
         T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(0),
         *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split, **launch,
     )
-    if split > 1:
-        _swiglu[(T,)](gu, h, I, BLOCK_N=min(1024, triton.next_power_of_2(I)))
+    if split > 1 and T:
+        _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0),
+                      BLOCK_N=min(1024, triton.next_power_of_2(I)), QUANT_OUT=quant_out,
+                      BLOCK_G=min(8, triton.next_power_of_2(triton.cdiv(I, 128))), ROUND_FIRST=interpreting())
 
-    a2, a2_scale = (h, None) if quant == QUANT_NONE else quantize_act(h, fp8_scheme)  # [T, I] fp8
+    if quant_out:
+        a2, a2_scale = h, h_scale  # [T, I] fp8, [T, cdiv(I, 128)]
+    else:
+        a2, a2_scale = (h, None) if quant == QUANT_NONE else quantize_act(h, fp8_scheme)  # [T, I] fp8
     if out is None:
         out = torch.empty(M, H, device=x.device, dtype=act_dtype)
     if config.atomic_sum:
@@ -408,7 +462,7 @@ def fused_moe(
     else:
         acc = torch.empty(T, H, device=x.device, dtype=act_dtype)  # [T, H], row = slot
     k2 = _gemm2_combine[(max_blocks * triton.cdiv(H, config.BLOCK_SIZE_N),)](
-        a2, w2, acc, a2_scale, w2_scale, topk_weights, align.sorted_ids, align.expert_ids, align.num_padded,
+        a2, w2, acc, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids, num_padded,
         T, max_blocks, H, I, a2.stride(0), w2.stride(0), w2.stride(1), acc.stride(0),
         *_scale_strides(a2_scale, 2, per_tensor), *_scale_strides(w2_scale, 3),
         ATOMIC_SUM=config.atomic_sum, **launch,
