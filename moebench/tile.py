@@ -37,6 +37,7 @@ class TileConfig:
     atomic_sum: bool = True  # top-k sum by atomics in GEMM2's epilogue, else rows stored then summed (moebench only)
     split_k: int = 1  # GEMM1 programs per output tile, each over a share of K (moebench only)
     direct_route: bool = False  # a tile per token slot, its expert read from topk_ids: no align step (moebench only)
+    gemm2_block_n: int = 0  # GEMM2's output columns per tile, if not GEMM1's; 0: the same (moebench only)
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -51,6 +52,8 @@ class TileConfig:
             raise UserError(f"tile config: split_k={self.split_k} must be >= 1")
         if self.num_stages < 1:
             raise UserError(f"tile config: num_stages={self.num_stages} must be >= 1")
+        if self.gemm2_block_n and (not _pow2(self.gemm2_block_n) or self.gemm2_block_n < 16):
+            raise UserError(f"tile config: gemm2_block_n={self.gemm2_block_n} must be 0 or a power of two >= 16")
 
     @classmethod
     def from_dict(cls, d: dict) -> TileConfig:
@@ -68,7 +71,13 @@ class TileConfig:
     @property
     def portable(self) -> bool:
         """Whether vLLM's and SGLang's kernels run this config as written (no moebench-only field set)."""
-        return not self.swap_ab and self.atomic_sum and self.split_k == 1 and not self.direct_route
+        return (not self.swap_ab and self.atomic_sum and self.split_k == 1 and not self.direct_route
+                and self.gemm2_block_n in (0, self.BLOCK_SIZE_N))
+
+    @property
+    def block_n2(self) -> int:
+        """GEMM2's BLOCK_N."""
+        return self.gemm2_block_n or self.BLOCK_SIZE_N
 
     def to_vllm_dict(self) -> dict[str, int]:
         d = asdict(self)

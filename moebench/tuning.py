@@ -75,7 +75,7 @@ def _for_dtype(base: TileConfig, spec: DtypeSpec) -> TileConfig:
 def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> list[TileConfig]:
     """Distinct configs to try for ``problem``: the class's shapes x Swap-AB x the top-k sum's two forms
     (x a split-K variant where GEMM1's grid is small, x a tile per slot with no align step where slots
-    are few against experts), fitted to shared memory."""
+    are few against experts, x a wider GEMM2 tile at fp8-block128 prefill), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
     # A tile per slot reads an expert's weights once per slot routed to it, so only where few slots share
@@ -86,7 +86,17 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
     for base in _classes(per_expert):
         cfg = fit_stages(_for_dtype(base, spec), spec.weight_bytes)
         splits = sorted({1, split_for(problem, cfg)})
-        for swap, atomic, split, route in product(swap_ab, (True, False), splits, direct):
-            c = replace(cfg, swap_ab=swap, atomic_sum=atomic, split_k=split, direct_route=route)
+        widths = _gemm2_widths(cfg, spec, per_expert)
+        for swap, atomic, split, route, n2 in product(swap_ab, (True, False), splits, direct, widths):
+            c = replace(cfg, swap_ab=swap, atomic_sum=atomic, split_k=split, direct_route=route, gemm2_block_n=n2)
             out.setdefault(c.key(), c)
     return list(out.values())
+
+
+def _gemm2_widths(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> tuple[int, ...]:
+    """GEMM2 tile widths to try besides GEMM1's (0). At the fp8-block128 prefill points whose best tile was
+    64x64, GEMM2 alone at 128 columns made the layer 1-7% faster on an H200 (results/h200-session3-ab,
+    gemm2-rows.jsonl), at 8 warps 4-21% slower."""
+    if spec.fp8_scheme == "block128" and per_expert > 48 and cfg.BLOCK_SIZE_N == 64:
+        return (0, 128)
+    return (0,)

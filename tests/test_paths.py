@@ -62,6 +62,8 @@ def test_triton_matches_reference(case, dtype, swap_ab):
     TileConfig(32, 32, 32, 1, 4, 2, swap_ab=True, atomic_sum=False),  # rows stored, then summed over top-k
     TileConfig(16, 16, 16, 1, 4, 2, split_k=4),  # split-K GEMM1: 6 K steps over 4 splits, one split short
     TileConfig(16, 32, 32, 1, 4, 2, swap_ab=True, split_k=8),  # more splits than K steps: empty splits add 0
+    TileConfig(32, 32, 32, 1, 4, 2, gemm2_block_n=64),  # GEMM2 wider than GEMM1
+    TileConfig(16, 64, 32, 2, 4, 2, swap_ab=True, atomic_sum=False, gemm2_block_n=16),  # and narrower
 ])
 def test_triton_any_tile_config_is_correct(config):
     """Correctness does not depend on the tile config (padding, grouping, K tail)."""
@@ -199,12 +201,12 @@ def test_block128_split_k_activation_writes_gemm2_fp8_input(config, intermediate
     assert calls and all(shape == (3, 512) for shape in calls)
 
 
-@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize("variant", [{}, {"split_k": 2}, {"gemm2_block_n": 128}])
 @pytest.mark.parametrize("swap_ab", [False, True])
-def test_block128_scales_that_differ_by_orders_between_k_groups(swap_ab, split_k):
+def test_block128_scales_that_differ_by_orders_between_k_groups(swap_ab, variant):
     """Each K step applies its own 128x128-block scales: with activation and weight groups whose scales
     differ by up to 1e5 (each group's products kept O(1)), the layer matches the reference, plain and
-    Swap-AB, and with split-K (h's groups then quantized by the activation launch)."""
+    Swap-AB, with split-K (h's groups then quantized by the activation launch) and with GEMM2 wider."""
     from moebench.kernels.fused_moe import fused_moe
     from moebench.problem import Weights
     from moebench.quant import quantize_weight
@@ -225,7 +227,7 @@ def test_block128_scales_that_differ_by_orders_between_k_groups(swap_ab, split_k
     topk_weights, topk_ids = route(M, E, topk, "uniform", 21, DEVICE)
 
     out = torch.full((M, H), float("nan"), device=DEVICE, dtype=act)
-    cfg = TileConfig(16, 64, 128, 1, 4, 2, swap_ab=swap_ab, split_k=split_k)
+    cfg = TileConfig(16, 64, 128, 1, 4, 2, swap_ab=swap_ab, **variant)
     fused_moe(x, q13, q2, topk_weights, topk_ids, cfg, out=out, fp8_scheme="block128", w13_scale=s13, w2_scale=s2)
     ref = moe_reference(x, weights, topk_weights, topk_ids)
     assert torch.isfinite(out).all()

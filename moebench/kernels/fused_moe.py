@@ -44,6 +44,10 @@ row tile ``i`` is token slot ``i`` alone, its expert read from ``topk_ids``. Whe
 expert are few this reads no more weights. On an H200, same configs, the layer was 7-16% faster at
 DeepSeek-V3@tp8 and Qwen3 fp8-block128 M=1 and M=4 and Qwen3 bf16 M=1 (``results/h200-session4``).
 
+**GEMM2's tile width** (``gemm2_block_n``): GEMM2 may run wider column tiles than GEMM1 (same
+BLOCK_M, as the align is shared); the tuner tries 128 at fp8-block128 prefill, where GEMM1's best
+tile is 64 wide.
+
 **Split-K** (``split_k``, GEMM1 only): at decode a few experts x column tiles
 leave most of the 132 SMs idle while each program walks the whole hidden
 dimension (measured: DeepSeek-V3@tp8 at M=1, 64 programs, 1.1 TB/s). With
@@ -461,11 +465,11 @@ def fused_moe(
         acc = zeroed[n_gu:].view(M, H)  # [M, H] float32
     else:
         acc = torch.empty(T, H, device=x.device, dtype=act_dtype)  # [T, H], row = slot
-    k2 = _gemm2_combine[(max_blocks * triton.cdiv(H, config.BLOCK_SIZE_N),)](
+    k2 = _gemm2_combine[(max_blocks * triton.cdiv(H, config.block_n2),)](
         a2, w2, acc, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids, num_padded,
         T, max_blocks, H, I, a2.stride(0), w2.stride(0), w2.stride(1), acc.stride(0),
         *_scale_strides(a2_scale, 2, per_tensor), *_scale_strides(w2_scale, 3),
-        ATOMIC_SUM=config.atomic_sum, **launch,
+        ATOMIC_SUM=config.atomic_sum, **{**launch, "BLOCK_N": config.block_n2},
     )
     if config.atomic_sum:
         out.copy_(acc)
