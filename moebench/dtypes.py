@@ -5,7 +5,10 @@ A *dtype name* says how the expert weights and activations are stored:
 - ``bf16``, ``fp16``, ``fp32``: plain floating point (``fp16``/``fp32`` exist so
   that CPU runs under the Triton interpreter, whose bf16 ``tl.dot`` is wrong,
   can still check the kernels' logic);
-- ``fp8-tensor``: e4m3 weights with one scale per expert tensor;
+- ``fp8-tensor``: e4m3 weights with one scale per expert tensor, one dynamic activation scale
+  per GEMM input (the amax of the batch);
+- ``fp8-tensor-static``: the same weights, with static activation scales calibrated ahead
+  (as a checkpoint's input scales are), so no activation amax is taken at run time;
 - ``fp8-channel``: e4m3 weights with one scale per output channel, per-token
   activation scales;
 - ``fp8-block128``: e4m3 weights with one scale per 128x128 block, 1x128
@@ -29,6 +32,7 @@ class DtypeSpec:
     fp8_scheme: str | None  # None, "tensor", "channel" or "block128"
     rtol: float  # bound on ||out - ref|| / ||ref|| against the float32 reference
     vllm_suffix: str  # the ",dtype=..." part of vLLM's config file names
+    static_act: bool = False  # fp8-tensor only: activation scales fixed ahead, not taken per batch
 
     @property
     def is_fp8(self) -> bool:
@@ -55,6 +59,7 @@ DTYPES: dict[str, DtypeSpec] = {
         DtypeSpec("fp16", torch.float16, torch.float16, None, 5e-3, ""),
         DtypeSpec("fp32", torch.float32, torch.float32, None, 5e-3, ",dtype=float32"),
         DtypeSpec("fp8-tensor", FP8, torch.bfloat16, "tensor", 8e-2, ",dtype=fp8_w8a8"),
+        DtypeSpec("fp8-tensor-static", FP8, torch.bfloat16, "tensor", 8e-2, ",dtype=fp8_w8a8", static_act=True),
         DtypeSpec("fp8-channel", FP8, torch.bfloat16, "channel", 8e-2, ",dtype=fp8_w8a8"),
         DtypeSpec(
             "fp8-block128", FP8, torch.bfloat16, "block128", 8e-2,

@@ -17,7 +17,7 @@ import torch
 from moebench.dtypes import DtypeSpec, get_dtype
 from moebench.errors import UserError
 from moebench.models import MoEShape
-from moebench.quant import quantize_weight
+from moebench.quant import quantize_weight, static_act_scales
 from moebench.routing import ROUTINGS, route
 
 
@@ -66,6 +66,7 @@ class Weights:
     w13_scale: torch.Tensor | None  # fp8 only; shape per moebench.quant
     w2_scale: torch.Tensor | None
     fp8_scheme: str | None
+    act_scale: torch.Tensor | None = None  # [2] float32, static fp8 only: GEMM1's and GEMM2's input scales
 
 
 @dataclass
@@ -91,10 +92,11 @@ def make_weights(shape: MoEShape, dtype: str, seed: int, device: torch.device | 
     w2 = torch.randn(E, H, I, generator=gen, device=device, dtype=build) * I**-0.5
     if not spec.is_fp8:
         return Weights(w13, w2, None, None, None)
+    act_scale = static_act_scales(w13, spec.act, gen) if spec.static_act else None
     q13, s13 = quantize_weight(w13, spec.fp8_scheme)
     del w13
     q2, s2 = quantize_weight(w2, spec.fp8_scheme)
-    return Weights(q13, q2, s13, s2, spec.fp8_scheme)
+    return Weights(q13, q2, s13, s2, spec.fp8_scheme, act_scale)
 
 
 def make_inputs(problem: Problem, device: torch.device | str, weights: Weights | None = None,

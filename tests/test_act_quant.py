@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from moebench.kernels.act_quant import quantize_act
-from moebench.quant import FP8_MAX, quantize_rows, quantize_tensor
+from moebench.quant import FP8_MAX, quantize_rows, quantize_static, quantize_tensor
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -32,6 +32,18 @@ def test_per_tensor_matches_torch_and_has_one_scale():
     assert s.shape == (1,)
     torch.testing.assert_close(s[0], s_ref)
     assert torch.equal(q.float(), q_ref.float())
+
+
+def test_static_scale_matches_torch_and_clips():
+    """A scale given ahead is used as is (one launch, no maxima): values past +-448 * scale clip."""
+    x = torch.randn(9, 300, device=DEVICE).bfloat16() * 4
+    scale = torch.tensor([6.0 / FP8_MAX], device=DEVICE)  # below the batch's amax: some values clip
+    q, s = quantize_act(x, "tensor", static_scale=scale)
+    assert s is scale
+    assert torch.equal(q.float(), quantize_static(x, scale).float())
+    assert q.float().abs().max().item() == FP8_MAX and (x.float().abs() > 6.0).any()
+    with pytest.raises(ValueError, match="per tensor"):
+        quantize_act(x, "channel", static_scale=scale)
 
 
 @pytest.mark.parametrize("rows", [1, 5, 70])  # fewer rows than one program's block; more than two blocks

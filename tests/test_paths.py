@@ -24,7 +24,8 @@ from moebench.tile import TileConfig
 
 GPU = torch.cuda.is_available() and not interpreting()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TRITON_DTYPES = ["fp16", "fp32", "fp8-tensor", "fp8-channel", "fp8-block128"] + (["bf16"] if GPU else [])
+TRITON_DTYPES = ["fp16", "fp32", "fp8-tensor", "fp8-tensor-static", "fp8-channel", "fp8-block128"] + (
+    ["bf16"] if GPU else [])
 
 # (experts, hidden, intermediate, topk, M)
 CASES = [
@@ -104,7 +105,7 @@ def test_triton_refuses_bf16_under_interpreter():
 
 
 @pytest.mark.skipif(not GPU, reason="needs an sm90 GPU")
-@pytest.mark.parametrize("dtype", ["bf16", "fp8-tensor", "fp8-channel"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp8-tensor", "fp8-tensor-static", "fp8-channel"])
 @pytest.mark.parametrize("case", CASES[:5])
 def test_cutlass_matches_reference(case, dtype):
     e, h, i, k, m = case
@@ -147,7 +148,8 @@ def test_stored_topk_sum_matches_reference(case, dtype):
     assert result.correct, f"rel. error {result.rel_err}"
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "fp8-tensor", "fp8-block128"] + (["bf16"] if GPU else []))
+@pytest.mark.parametrize("dtype", ["fp16", "fp8-tensor", "fp8-tensor-static", "fp8-block128"] + (
+    ["bf16"] if GPU else []))
 @pytest.mark.parametrize("swap_ab", [False, True])
 def test_split_k_matches_reference(dtype, swap_ab):
     """GEMM1 split over K (partial sums, then the activation) gives the layer of the fused epilogue."""
@@ -183,6 +185,28 @@ def test_direct_route_matches_reference(case, dtype):
         assert result.correct, f"{config}: rel. error {result.rel_err}"
 
 
+def test_static_scales_quantize_x_once_and_h_in_gemm1(monkeypatch):
+    """fp8-tensor-static: x is quantized at its given scale in one launch and GEMM1's epilogue writes h
+    in fp8 (no second quantization); the layer matches the reference and the dynamic scheme's."""
+    from moebench.kernels import fused_moe as fm
+
+    calls = []
+
+    def counted(t, scheme, static_scale=None):
+        calls.append((tuple(t.shape), static_scale is not None))
+        return quantize_act(t, scheme, static_scale)
+
+    monkeypatch.setattr(fm, "quantize_act", counted)
+    problem = Problem(_shape(8, 128, 64, 2), 5, "fp8-tensor-static", seed=10)
+    inputs = make_inputs(problem, DEVICE, draw=1)
+    assert inputs.weights.act_scale.shape == (2,) and (inputs.weights.act_scale > 0).all()
+    result = check_point(get_path("triton"), problem, inputs, TileConfig(16, 32, 32, 1, 4, 2))
+    assert result.correct, f"rel. error {result.rel_err}"
+    assert calls == [((5, 128), True)]
+    dynamic = make_inputs(Problem(problem.shape, 5, "fp8-tensor", seed=10), DEVICE, draw=1)
+    assert torch.equal(dynamic.weights.w13.float(), inputs.weights.w13.float())  # same weights, other scales
+
+
 @pytest.mark.parametrize("intermediate", [200, 1100])  # 2 groups, the last partly outside h; 9 groups, 2 chunks
 @pytest.mark.parametrize("config", [
     TileConfig(16, 64, 128, 1, 4, 2, split_k=2),
@@ -194,7 +218,8 @@ def test_block128_split_k_activation_writes_gemm2_fp8_input(config, intermediate
     from moebench.kernels import fused_moe as fm
 
     calls = []
-    monkeypatch.setattr(fm, "quantize_act", lambda t, scheme: calls.append(t.shape) or quantize_act(t, scheme))
+    monkeypatch.setattr(fm, "quantize_act",
+                        lambda t, scheme, static=None: calls.append(t.shape) or quantize_act(t, scheme, static))
     problem = Problem(_shape(4, 512, intermediate, 2), 3, "fp8-block128", seed=9)
     result = check_point(get_path("triton"), problem, make_inputs(problem, DEVICE, draw=1), config)
     assert result.correct, f"rel. error {result.rel_err}"

@@ -10,7 +10,7 @@ Rows are tokens (GEMM1's input ``x [M, K]``) or token slots (GEMM2's input
 ``tensor`` and ``channel`` take two launches (row maxima, then quantize; for
 ``tensor`` every program reduces the row maxima itself, so no global barrier
 or host sync is needed); ``block128`` takes one, a program per 32 rows x 128
-columns.
+columns. A ``tensor`` scale given ahead (static) takes one launch and no maxima.
 """
 
 from __future__ import annotations
@@ -62,27 +62,31 @@ def _row_amax(x_ptr, amax_ptr, K, stride_x, BLOCK_K: tl.constexpr):
 @triton.jit(do_not_specialize=["R"])
 def _quantize_rows(x_ptr, q_ptr, amax_ptr, scale_ptr, R, K, stride_x, stride_q,
                    PER_TENSOR: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-                   ROUND_FIRST: tl.constexpr):
+                   ROUND_FIRST: tl.constexpr, STATIC: tl.constexpr = False):
+    """Row ``program_id`` of x in fp8. STATIC: the scale is read from ``scale_ptr`` (given ahead)."""
     row = tl.program_id(0).to(tl.int64)
-    if PER_TENSOR:  # every program reduces all row maxima: no second launch, no atomics
-        m = tl.zeros((BLOCK_R,), dtype=tl.float32)
-        for r in range(0, R, BLOCK_R):
-            offs_r = r + tl.arange(0, BLOCK_R)
-            m = tl.maximum(m, tl.load(amax_ptr + offs_r, mask=offs_r < R, other=0.0))
-        amax = tl.max(m, axis=0)
+    if STATIC:
+        scale = tl.load(scale_ptr)
     else:
-        amax = tl.load(amax_ptr + row)
-    scale = tl.maximum(amax, 1e-12) / 448.0
+        if PER_TENSOR:  # every program reduces all row maxima: no second launch, no atomics
+            m = tl.zeros((BLOCK_R,), dtype=tl.float32)
+            for r in range(0, R, BLOCK_R):
+                offs_r = r + tl.arange(0, BLOCK_R)
+                m = tl.maximum(m, tl.load(amax_ptr + offs_r, mask=offs_r < R, other=0.0))
+            amax = tl.max(m, axis=0)
+        else:
+            amax = tl.load(amax_ptr + row)
+        scale = tl.maximum(amax, 1e-12) / 448.0
+        if PER_TENSOR:
+            if row == 0:
+                tl.store(scale_ptr, scale)
+        else:
+            tl.store(scale_ptr + row, scale)
     for k in range(0, K, BLOCK_K):
         offs = k + tl.arange(0, BLOCK_K)
         v = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
         q = to_fp8(tl.minimum(tl.maximum(v / scale, -448.0), 448.0), q_ptr.dtype.element_ty, ROUND_FIRST)
         tl.store(q_ptr + row * stride_q + offs, q, mask=offs < K)
-    if PER_TENSOR:
-        if row == 0:
-            tl.store(scale_ptr, scale)
-    else:
-        tl.store(scale_ptr + row, scale)
 
 
 @triton.jit(do_not_specialize=["R"])
@@ -102,12 +106,23 @@ def _quantize_groups(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s
     tl.store(scale_ptr + r64 * stride_s + g, scale, mask=row_ok)
 
 
-def quantize_act(x: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [R, K] (bf16/fp16/fp32) -> (fp8 [R, K], float32 scale shaped as the module doc says)."""
+def quantize_act(x: torch.Tensor, scheme: str,
+                 static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, K] (bf16/fp16/fp32) -> (fp8 [R, K], float32 scale shaped as the module doc says).
+
+    ``static_scale`` ([1] float32, ``tensor`` only): quantize at this scale, which is returned.
+    """
     R, K = x.shape
     assert x.stride(1) == 1
     q = torch.empty(R, K, device=x.device, dtype=FP8)
     block_k = min(1024, triton.next_power_of_2(K))
+    if static_scale is not None:
+        if scheme != "tensor":
+            raise ValueError(f"a static activation scale is per tensor, not {scheme!r}")
+        if R:
+            _quantize_rows[(R,)](x, q, None, static_scale, R, K, x.stride(0), q.stride(0), PER_TENSOR=True,
+                                 BLOCK_K=block_k, BLOCK_R=1024, ROUND_FIRST=interpreting(), STATIC=True)
+        return q, static_scale
     if scheme == "block128":
         groups = triton.cdiv(K, GROUP)
         scale = torch.empty(R, groups, device=x.device, dtype=torch.float32)

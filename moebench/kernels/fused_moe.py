@@ -30,7 +30,8 @@ on either layout, so nothing is transposed in registers.
 
 **FP8** (``QUANT``): 0 = none; 1 = one scale per token row of A and per output
 column of B, applied once after the K loop (the per-tensor scheme passes the
-same scale with stride 0); 2 = 128x128 weight blocks and 1x128 activation
+same scale with stride 0; with static activation scales, GEMM1's epilogue writes
+h in fp8 at the given scale, so h has no quantization launch); 2 = 128x128 weight blocks and 1x128 activation
 groups, applied at every K step (BLOCK_K must be 128): a fresh product per step,
 scaled and added into the accumulator. That keeps a second accumulator-sized tile
 live (GEMM1 spills at 64x128 with 4 warps; the tuner gives such tiles 8). Keeping
@@ -158,6 +159,7 @@ def _gemm1_swiglu(
     x_ptr,  # [M, K] activations (fp8 when QUANT)
     w_ptr,  # [E, 2N, K] gate rows then up rows
     h_ptr,  # [T, N] output activation, row = token slot; SPLIT_K > 1: [T, 2N] float32 zeroed, gate|up sums
+    h_scale_ptr,  # STATIC_OUT: [1] float32, the static scale fp8 h is written at
     x_scale_ptr,  # QUANT 1: [M] (stride 0 for one tensor scale); QUANT 2: [M, cdiv(K, 128)]
     w_scale_ptr,  # QUANT 1: [E, 2N] (stride 0 per tensor); QUANT 2: [E, cdiv(2N, 128), cdiv(K, 128)]
     sorted_ids_ptr,  # [max_padded] slot ids grouped by expert; == num_slots for padding
@@ -185,6 +187,8 @@ def _gemm1_swiglu(
     QUANT: tl.constexpr,
     SPLIT_K: tl.constexpr,
     DIRECT: tl.constexpr,
+    STATIC_OUT: tl.constexpr,  # h written in fp8 at a static per-tensor scale (fp8-tensor-static, SPLIT_K == 1)
+    ROUND_FIRST: tl.constexpr,
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
@@ -237,7 +241,11 @@ def _gemm1_swiglu(
         if SPLIT_K == 1:
             h = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up
             h_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
-            tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask)
+            if STATIC_OUT:  # GEMM2's fp8 input, with no quantization launch
+                h = tl.minimum(tl.maximum(h / tl.load(h_scale_ptr), -448.0), 448.0)
+                tl.store(h_ptrs, to_fp8(h, h_ptr.dtype.element_ty, ROUND_FIRST), mask=mask)
+            else:
+                tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask)
         else:  # partial sums; _swiglu applies the activation once every split has added its share
             gu_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
             tl.atomic_add(gu_ptrs, acc_g, mask=mask, sem="relaxed")
@@ -408,6 +416,7 @@ def fused_moe(
     fp8_scheme: str | None = None,  # None, "tensor", "channel", "block128"
     w13_scale: torch.Tensor | None = None,  # moebench.quant's weight-scale layouts
     w2_scale: torch.Tensor | None = None,
+    act_scale: torch.Tensor | None = None,  # [2] float32 static input scales of GEMM1 and GEMM2 ("tensor" only)
     compiled: list | None = None,  # if given, the two GEMMs' compiled kernels are appended (ISA inspection)
 ) -> torch.Tensor:
     """The whole MoE layer from routed tokens to the output, with no host synchronization."""
@@ -423,7 +432,10 @@ def fused_moe(
     per_tensor = fp8_scheme == "tensor"
     launch = dict(QUANT=quant, TOPK=topk, **_launch_args(config))
 
-    a1, a1_scale = (x, None) if quant == QUANT_NONE else quantize_act(x, fp8_scheme)  # [M, H] fp8
+    static = act_scale is not None
+    assert not static or fp8_scheme == "tensor", "static activation scales are per tensor"
+    a1, a1_scale = (x, None) if quant == QUANT_NONE else quantize_act(
+        x, fp8_scheme, act_scale[:1] if static else None)  # [M, H] fp8
     if config.direct_route:  # a tile per slot: topk_ids serves as the tiles' expert ids, no align launch
         ids = topk_ids.reshape(-1)  # [T]
         sorted_ids, expert_ids, num_padded, max_blocks = ids, ids, ids, T
@@ -440,15 +452,18 @@ def fused_moe(
     zeroed = torch.zeros(n_gu + n_acc, device=x.device, dtype=torch.float32)
 
     # fp8-block128 after a split-K GEMM1: the _swiglu launch writes GEMM2's fp8 input and group scales.
+    # Static scales without split-K: GEMM1's epilogue writes it.
     quant_out = quant == QUANT_BLOCK and split > 1
+    static_out = static and split == 1
     act_dtype = x.dtype
-    h = torch.empty(T, I, device=x.device, dtype=a1.dtype if quant_out else act_dtype)  # [T, I]
+    h = torch.empty(T, I, device=x.device, dtype=a1.dtype if quant_out or static_out else act_dtype)  # [T, I]
     h_scale = torch.empty(T, triton.cdiv(I, 128), device=x.device, dtype=torch.float32) if quant_out else None
     gu = h if split == 1 else zeroed[:n_gu].view(T, 2 * I)  # [T, 2I]
     k1 = _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N) * split,)](
-        a1, w13, gu, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
+        a1, w13, gu, act_scale[1:] if static else None, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
         T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(0),
-        *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split, **launch,
+        *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split,
+        STATIC_OUT=static_out, ROUND_FIRST=interpreting(), **launch,
     )
     if split > 1 and T:
         _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0),
@@ -457,8 +472,11 @@ def fused_moe(
 
     if quant_out:
         a2, a2_scale = h, h_scale  # [T, I] fp8, [T, cdiv(I, 128)]
+    elif static_out:
+        a2, a2_scale = h, act_scale[1:]  # [T, I] fp8, [1]
     else:
-        a2, a2_scale = (h, None) if quant == QUANT_NONE else quantize_act(h, fp8_scheme)  # [T, I] fp8
+        a2, a2_scale = (h, None) if quant == QUANT_NONE else quantize_act(
+            h, fp8_scheme, act_scale[1:] if static else None)  # [T, I] fp8
     if out is None:
         out = torch.empty(M, H, device=x.device, dtype=act_dtype)
     if config.atomic_sum:

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 
 from moebench.paths.base import Target, register
 from moebench.problem import MoEInputs, Problem
-from moebench.quant import quantize_rows, quantize_tensor
+from moebench.quant import quantize_rows, quantize_static, quantize_tensor
 from moebench.tile import TileConfig
 
-_DTYPES = ("bf16", "fp8-tensor", "fp8-channel")
+_DTYPES = ("bf16", "fp8-tensor", "fp8-tensor-static", "fp8-channel")
 
 
 def _group_by_expert(topk_ids: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,20 +50,30 @@ def grouped_moe_bf16(x, w13, w2, topk_weights, topk_ids, out) -> None:
     _combine(y, order, topk_weights, out)
 
 
-def grouped_moe_fp8(x, w13, w2, s13, s2, topk_weights, topk_ids, out, per_tensor_act: bool) -> None:
-    """fp8 weights w13 [E, 2I, H], w2 [E, H, I] with row-wise scales s13 [E, 2I], s2 [E, H]."""
+def grouped_moe_fp8(x, w13, w2, s13, s2, topk_weights, topk_ids, out, per_tensor_act: bool,
+                    act_scale: torch.Tensor | None = None) -> None:
+    """fp8 weights w13 [E, 2I, H], w2 [E, H, I] with row-wise scales s13 [E, 2I], s2 [E, H].
+
+    ``act_scale`` [2]: static per-tensor scales of the two GEMMs' inputs; else each is taken per batch.
+    """
     E, two_i, _ = w13.shape
     order, offs = _group_by_expert(topk_ids, E)
-    quant = quantize_tensor if per_tensor_act else quantize_rows
+
+    def quant(t: torch.Tensor, gemm: int) -> tuple[torch.Tensor, torch.Tensor]:  # fp8 [T, K], row scales [T]
+        if act_scale is not None:
+            return quantize_static(t, act_scale[gemm]), act_scale[gemm].expand(t.shape[0]).contiguous()
+        if per_tensor_act:
+            q, scale = quantize_tensor(t)
+            return q, scale.expand(t.shape[0]).contiguous()
+        return quantize_rows(t)
+
     xs = x[order // topk_ids.shape[1]]  # [T, H]
-    xq, xscale = quant(xs)
-    xscale = xscale.expand(xs.shape[0]).contiguous() if per_tensor_act else xscale  # [T]
+    xq, xscale = quant(xs, 0)
     gate_up = torch._scaled_grouped_mm(
         xq, w13.transpose(1, 2), xscale, s13, offs=offs, out_dtype=torch.bfloat16
     )  # [T, 2I]
     act = F.silu(gate_up[:, : two_i // 2]) * gate_up[:, two_i // 2 :]  # [T, I]
-    aq, ascale = quant(act)
-    ascale = ascale.expand(act.shape[0]).contiguous() if per_tensor_act else ascale
+    aq, ascale = quant(act, 1)
     y = torch._scaled_grouped_mm(aq, w2.transpose(1, 2), ascale, s2, offs=offs, out_dtype=torch.bfloat16)
     _combine(y, order, topk_weights, out)
 
@@ -94,7 +104,7 @@ class CutlassPath:
             s13 = s13[:, None].expand(-1, w.w13.shape[1]).contiguous()
             s2 = s2[:, None].expand(-1, w.w2.shape[1]).contiguous()
         per_tensor = w.fp8_scheme == "tensor"
-        return lambda out: grouped_moe_fp8(x, w.w13, w.w2, s13, s2, tw, ids, out, per_tensor)
+        return lambda out: grouped_moe_fp8(x, w.w13, w.w2, s13, s2, tw, ids, out, per_tensor, w.act_scale)
 
 
 register(CutlassPath())

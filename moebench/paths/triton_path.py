@@ -40,7 +40,7 @@ class TritonPath:
 
         def run(out: torch.Tensor) -> None:
             fused_moe(inputs.x, w.w13, w.w2, inputs.topk_weights, inputs.topk_ids, cfg, out=out,
-                      fp8_scheme=w.fp8_scheme, w13_scale=w.w13_scale, w2_scale=w.w2_scale)
+                      fp8_scheme=w.fp8_scheme, w13_scale=w.w13_scale, w2_scale=w.w2_scale, act_scale=w.act_scale)
 
         return run
 
