@@ -30,14 +30,15 @@ on either layout, so nothing is transposed in registers.
 
 **FP8** (``QUANT``): 0 = none; 1 = one scale per token row of A and per output
 column of B, applied once after the K loop (the per-tensor scheme passes the
-same scale with stride 0; with static activation scales, GEMM1's epilogue writes
-h in fp8 at the given scale, so h has no quantization launch); 2 = 128x128 weight blocks and 1x128 activation
-groups, applied at every K step (BLOCK_K must be 128): a fresh product per step,
-scaled and added into the accumulator. That keeps a second accumulator-sized tile
-live (GEMM1 spills at 64x128 with 4 warps; the tuner gives such tiles 8). Keeping
-the accumulator in the current step's scales instead (``acc *= prev / current``, then
-``tl.dot(a, b, acc)``) removes the spills but was 3-16% slower than this form at the
-best config of each of the 14 fp8-block128 benchmark points on an H200
+same scale with stride 0; with static activation scales, GEMM1's epilogue
+writes h in fp8 at the given scale, so h has no quantization launch);
+2 = 128x128 weight blocks and 1x128 activation groups, applied at every K step
+(BLOCK_K must be 128): a fresh product per step, scaled and added into the
+accumulator. That keeps a second accumulator-sized tile live (GEMM1 spills at
+64x128 with 4 warps; the tuner gives such tiles 8). Keeping the accumulator in
+the current step's scales instead (``acc *= prev / current``, then
+``tl.dot(a, b, acc)``) removes the spills but was 3-16% slower than this form at
+the best config of each of the 14 fp8-block128 benchmark points on an H200
 (``results/h200-block128-ab``, and the tuned run of commit bab17e1), so it was dropped.
 
 **A tile per slot** (``direct_route``): at decode the align step (one or two launches) is skipped;
@@ -135,9 +136,9 @@ def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots
     """The row tile's slot ids [BLOCK_M], its expert, and whether it lies within the used length.
 
     The three loads are independent, so they are in flight together. The used length was loaded
-    first before, a second memory round trip ahead of every program's first operand load; with the
-    relaxed atomics and the Triton top-k sum this made the layers 2.5-11% faster on an H200
-    (results/h200-session3-ab).
+    first before, a second memory round trip ahead of every program's first operand load. With the
+    relaxed atomics and the Triton top-k sum, this read 2.5-11% faster on an H200
+    (results/h200-session3-ab; that A/B timed the old kernels first, which can overstate by up to 8%).
 
     ``DIRECT`` (no align step): row tile ``pid_m`` is token slot ``pid_m`` alone, in its first row,
     and ``expert_ids_ptr`` is ``topk_ids`` flattened ``[T]``.
