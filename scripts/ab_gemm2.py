@@ -17,13 +17,10 @@ Each variant's output is checked against the float32 reference before it is time
 import importlib.util
 import json
 
-import torch
 import triton
-from _points import best_rows, problem_of
+from _points import best_rows, checked_error, layer, point_setup
 
 import moebench.kernels.fused_moe as new
-from moebench.paths.torch_ref import moe_reference
-from moebench.problem import make_inputs
 from moebench.tile import TileConfig
 from moebench.timing import time_graph
 
@@ -56,36 +53,25 @@ class Gemm2Override:
 
 
 def measure(model: str, dtype: str, m: int, prefill: bool) -> dict:
-    problem = problem_of(model, dtype, m)
-    shape = problem.shape
-    inp = make_inputs(problem, "cuda")
-    w = inp.weights
-    ref = moe_reference(inp.x, w, inp.topk_weights, inp.topk_ids).float()
+    _, inp, ref, out = point_setup(model, dtype, m)
     cfg = TileConfig.from_dict(best[(model, dtype, m)]["config"])
-    out = torch.empty(m, shape.hidden, device="cuda", dtype=problem.spec.act)
     row = dict(point=f"{model} {dtype} M={m}", config=cfg.as_dict(), bench_us=best[(model, dtype, m)]["time_us"])
 
-    def run(mod, c):
-        return lambda: mod.fused_moe(inp.x, w.w13, w.w2, inp.topk_weights, inp.topk_ids, c, out=out,
-                                     fp8_scheme=w.fp8_scheme, w13_scale=w.w13_scale, w2_scale=w.w2_scale)
-
     def timed(label, fn):
-        out.fill_(float("nan"))
-        fn()
-        err = ((out.float() - ref).norm() / ref.norm()).item()
+        err = checked_error(fn, out, ref)
         row[f"{label}_err"] = round(err, 5)
         row[label] = round(time_graph(fn, budget_s=0.3).median_us, 1) if err < 0.05 else None
 
     flipped = TileConfig.from_dict({**cfg.as_dict(), "atomic_sum": not cfg.atomic_sum})
-    timed("base", run(base, cfg))
-    timed("new", run(new, cfg))
-    timed("new_flip", run(new, flipped))
+    timed("base", layer(base, inp, cfg, out))
+    timed("new", layer(new, inp, cfg, out))
+    timed("new_flip", layer(new, inp, flipped, out))
     if prefill:
         kernel = new._gemm2_combine
         for bn, warps, stages in GEMM2:
             new._gemm2_combine = Gemm2Override(kernel, bn, warps, stages)
             try:
-                timed(f"g2_{bn}_w{warps}_s{stages}", run(new, cfg))
+                timed(f"g2_{bn}_w{warps}_s{stages}", layer(new, inp, cfg, out))
             finally:
                 new._gemm2_combine = kernel
     return row

@@ -20,11 +20,9 @@ from dataclasses import replace
 
 import torch
 import triton
-from _points import best_rows, problem_of
+from _points import best_rows, checked_error, layer, point_setup
 
 import moebench.kernels.fused_moe as new
-from moebench.paths.torch_ref import moe_reference
-from moebench.problem import make_inputs
 from moebench.tile import TileConfig
 from moebench.timing import time_graph
 
@@ -42,22 +40,13 @@ best = best_rows()
 
 
 def measure(model: str, dtype: str, m: int) -> dict:
-    problem = problem_of(model, dtype, m)
-    shape = problem.shape
-    inp = make_inputs(problem, "cuda")
-    w = inp.weights
-    ref = moe_reference(inp.x, w, inp.topk_weights, inp.topk_ids).float()
+    problem, inp, ref, out = point_setup(model, dtype, m)
     cfg = TileConfig.from_dict(best[(model, dtype, m)]["config"])
-    out = torch.empty(m, shape.hidden, device="cuda", dtype=problem.spec.act)
     row = dict(point=f"{model} {dtype} M={m}", config=cfg.as_dict(), bench_us=best[(model, dtype, m)]["time_us"])
 
     def timed(label, mod, c):
-        def fn():
-            mod.fused_moe(inp.x, w.w13, w.w2, inp.topk_weights, inp.topk_ids, c, out=out,
-                          fp8_scheme=w.fp8_scheme, w13_scale=w.w13_scale, w2_scale=w.w2_scale)
-        out.fill_(float("nan"))
-        fn()
-        err = ((out.float() - ref).norm() / ref.norm()).item()
+        fn = layer(mod, inp, c, out)
+        err = checked_error(fn, out, ref)
         row[f"{label}_err"] = round(err, 5)
         row[label] = round(time_graph(fn, budget_s=0.3).median_us, 1) if err < problem.spec.rtol else None
 
