@@ -122,6 +122,8 @@ def _short_config(c: dict) -> str:
         text += f" split{c['split_k']}"
     if c.get("direct_route"):
         text += " direct"
+    if c.get("quant_in_gemm"):
+        text += " qgemm"
     if c.get("gemm2_block_n", 0) not in (0, c["BLOCK_SIZE_N"]):
         text += f" n2={c['gemm2_block_n']}"
     return text

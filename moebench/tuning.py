@@ -88,7 +88,8 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
         splits = sorted({1, split_for(problem, cfg)})
         widths = _gemm2_widths(cfg, spec, per_expert)
         for swap, atomic, split, route, n2 in product(swap_ab, (True, False), splits, direct, widths):
-            c = replace(cfg, swap_ab=swap, atomic_sum=atomic, split_k=split, direct_route=route, gemm2_block_n=n2)
+            c = replace(cfg, swap_ab=swap, atomic_sum=atomic, split_k=split, direct_route=route, gemm2_block_n=n2,
+                        quant_in_gemm=route and spec.fp8_scheme == "block128")
             out.setdefault(c.key(), c)
     return list(out.values())
 

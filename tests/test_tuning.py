@@ -86,3 +86,13 @@ def test_wider_gemm2_tile_tried_at_block128_prefill_only():
     assert {c.block_n2 for c in prefill if c.BLOCK_SIZE_N == 64} == {64, 128}
     assert all(c.block_n2 == c.BLOCK_SIZE_N for c in candidates(Problem(ds, 1, "fp8-block128")))
     assert all(c.block_n2 == c.BLOCK_SIZE_N for c in candidates(Problem(get_model("qwen3-30b-a3b"), 4096, "bf16")))
+
+
+def test_block128_quantizes_in_the_gemms_exactly_where_a_tile_serves_one_slot():
+    """fp8-block128 candidates with a tile per slot quantize A inside the GEMMs (their few rows cost
+    nothing to quantize again per column tile); aligned tiles and other dtypes keep the quantization launch."""
+    ds = shard(get_model("deepseek-v3"), tp=8)
+    for c in candidates(Problem(ds, 1, "fp8-block128")):
+        assert c.quant_in_gemm == c.direct_route
+    assert not any(c.quant_in_gemm for c in candidates(Problem(get_model("qwen3-30b-a3b"), 1, "bf16")))
+    assert not any(c.quant_in_gemm for c in candidates(Problem(ds, 4096, "fp8-block128")))
