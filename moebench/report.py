@@ -122,10 +122,10 @@ def _short_config(c: dict) -> str:
         text += f" split{c['split_k']}"
     if c.get("direct_route"):
         text += " direct"
-    if c.get("quant_in_gemm"):
-        text += " qgemm"
     if c.get("gemm2_block_n", 0) not in (0, c["BLOCK_SIZE_N"]):
         text += f" n2={c['gemm2_block_n']}"
+    if c.get("gemm2_n_tiles", 1) > 1:
+        text += f" n2tiles={c['gemm2_n_tiles']}"
     return text
 
 

@@ -38,7 +38,7 @@ class TileConfig:
     split_k: int = 1  # GEMM1 programs per output tile, each over a share of K (moebench only)
     direct_route: bool = False  # a tile per token slot, its expert read from topk_ids: no align step (moebench only)
     gemm2_block_n: int = 0  # GEMM2's output columns per tile, if not GEMM1's; 0: the same (moebench only)
-    quant_in_gemm: bool = False  # fp8-block128: each GEMM quantizes its A operand as it loads it (moebench only)
+    gemm2_n_tiles: int = 1  # GEMM2 column tiles per program, in one pipelined loop (moebench only)
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -51,6 +51,8 @@ class TileConfig:
             raise UserError(f"tile config: num_warps={self.num_warps} must be 1, 2, 4, 8 or 16")
         if self.split_k < 1:
             raise UserError(f"tile config: split_k={self.split_k} must be >= 1")
+        if self.gemm2_n_tiles < 1:
+            raise UserError(f"tile config: gemm2_n_tiles={self.gemm2_n_tiles} must be >= 1")
         if self.num_stages < 1:
             raise UserError(f"tile config: num_stages={self.num_stages} must be >= 1")
         if self.gemm2_block_n and (not _pow2(self.gemm2_block_n) or self.gemm2_block_n < 16):
@@ -66,14 +68,15 @@ class TileConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise UserError(f"tile config: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
-        flags = ("swap_ab", "atomic_sum", "direct_route", "quant_in_gemm")
+        flags = ("swap_ab", "atomic_sum", "direct_route")
         return cls(**{k: bool(v) if k in flags else int(v) for k, v in d.items()})
 
     @property
     def portable(self) -> bool:
         """Whether vLLM's and SGLang's kernels run this config as written (no moebench-only field set)."""
         return (not self.swap_ab and self.atomic_sum and self.split_k == 1 and not self.direct_route
-                and self.gemm2_block_n in (0, self.BLOCK_SIZE_N) and not self.quant_in_gemm)
+                and self.gemm2_block_n in (0, self.BLOCK_SIZE_N)
+                and self.gemm2_n_tiles == 1)
 
     @property
     def block_n2(self) -> int:

@@ -88,11 +88,12 @@ def test_wider_gemm2_tile_tried_at_block128_prefill_only():
     assert all(c.block_n2 == c.BLOCK_SIZE_N for c in candidates(Problem(get_model("qwen3-30b-a3b"), 4096, "bf16")))
 
 
-def test_block128_quantizes_in_the_gemms_exactly_where_a_tile_serves_one_slot():
-    """fp8-block128 candidates with a tile per slot quantize A inside the GEMMs (their few rows cost
-    nothing to quantize again per column tile); aligned tiles and other dtypes keep the quantization launch."""
+def test_gemm2_walks_column_tiles_only_where_its_k_loop_is_short():
+    """DeepSeek-V3@tp8 (I = 256: two K steps of 128) gets GEMM2 programs walking 8 column tiles beside
+    single tiles from 2 slots per expert (M = 64) on, not at decode; Qwen3 (I = 768) and Mixtral do not."""
     ds = shard(get_model("deepseek-v3"), tp=8)
-    for c in candidates(Problem(ds, 1, "fp8-block128")):
-        assert c.quant_in_gemm == c.direct_route
-    assert not any(c.quant_in_gemm for c in candidates(Problem(get_model("qwen3-30b-a3b"), 1, "bf16")))
-    assert not any(c.quant_in_gemm for c in candidates(Problem(ds, 4096, "fp8-block128")))
+    for m in (64, 4096):
+        assert {c.gemm2_n_tiles for c in candidates(Problem(ds, m, "fp8-block128"))} == {1, 8}
+    assert {c.gemm2_n_tiles for c in candidates(Problem(ds, 16, "fp8-block128"))} == {1}
+    assert {c.gemm2_n_tiles for c in candidates(Problem(get_model("qwen3-30b-a3b"), 4096, "fp8-block128"))} == {1}
+    assert {c.gemm2_n_tiles for c in candidates(Problem(get_model("mixtral-8x7b"), 64, "bf16"))} == {1}

@@ -155,42 +155,11 @@ def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots
     return slot, expert, valid
 
 
-ZERO_BLOCK = tl.constexpr(512)  # elements per store of _zero_share
-
-
-@triton.jit
-def _zero_share(zero_ptr, zero_numel):
-    """Zero this program's contiguous share of ``zero_ptr[:zero_numel]`` (float32; int32 counters too)."""
-    if zero_numel > 0:
-        chunk = tl.cdiv(zero_numel, tl.num_programs(0))
-        first = tl.program_id(0) * chunk
-        end = tl.minimum(first + chunk, zero_numel)
-        for z in range(first, end, ZERO_BLOCK):
-            offs = z + tl.arange(0, ZERO_BLOCK)
-            tl.store(zero_ptr + offs, tl.zeros((ZERO_BLOCK,), tl.float32), mask=offs < end)
-
-
-@triton.jit
-def _quantize_group(a, SWAP_AB: tl.constexpr, dtype, ROUND_FIRST: tl.constexpr):
-    """A tile of one K step, [BM, 128] or swapped [128, BM], to fp8 with one scale per row [BM]: the
-    1x128 groups of fp8-block128, computed as ``act_quant.quantize_act`` does (same fp8 values and scales)."""
-    v = a.to(tl.float32)
-    if SWAP_AB:
-        scale = tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12) / 448.0  # [BM]
-        v = v / scale[None, :]
-    else:
-        scale = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-12) / 448.0
-        v = v / scale[:, None]
-    return to_fp8(tl.minimum(tl.maximum(v, -448.0), 448.0), dtype, ROUND_FIRST), scale
-
-
-@triton.jit(do_not_specialize=["num_slots", "max_pid_m", "zero_numel"])
+@triton.jit(do_not_specialize=["num_slots", "max_pid_m"])
 def _gemm1_swiglu(
-    x_ptr,  # [M, K] activations (fp8 when QUANT, unless QUANT_A)
+    x_ptr,  # [M, K] activations (fp8 when QUANT)
     w_ptr,  # [E, 2N, K] gate rows then up rows
-    h_ptr,  # [T, N] output activation, row = token slot; SPLIT_K > 1: [SPLIT_K, T, 2N] float32 gate|up partials
-    zero_ptr,  # [zero_numel] float32 that GEMM2 adds into, zeroed here (one launch fewer)
-    zero_numel,
+    h_ptr,  # [T, N] output activation, row = token slot; SPLIT_K > 1: [T, 2N] float32 zeroed, gate|up sums
     h_scale_ptr,  # STATIC_OUT: [1] float32, the static scale fp8 h is written at
     x_scale_ptr,  # QUANT 1: [M] (stride 0 for one tensor scale); QUANT 2: [M, cdiv(K, 128)]
     w_scale_ptr,  # QUANT 1: [E, 2N] (stride 0 per tensor); QUANT 2: [E, cdiv(2N, 128), cdiv(K, 128)]
@@ -205,7 +174,6 @@ def _gemm1_swiglu(
     stride_we,
     stride_wn,
     stride_hm,
-    stride_hs,  # SPLIT_K > 1: between the splits' partials
     stride_xsm,
     stride_xsk,
     stride_wse,
@@ -218,13 +186,11 @@ def _gemm1_swiglu(
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
     QUANT: tl.constexpr,
-    QUANT_A: tl.constexpr,  # QUANT 2: x is bf16/fp16, quantized here per 1x128 group (each K step is one)
     SPLIT_K: tl.constexpr,
     DIRECT: tl.constexpr,
     STATIC_OUT: tl.constexpr,  # h written in fp8 at a static per-tensor scale (fp8-tensor-static, SPLIT_K == 1)
     ROUND_FIRST: tl.constexpr,
 ):
-    _zero_share(zero_ptr, zero_numel)
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
                                       DIRECT)
@@ -238,8 +204,7 @@ def _gemm1_swiglu(
         # This program's share of the K steps (all of them unless SPLIT_K > 1).
         k_steps = tl.cdiv(K, BLOCK_K)
         per_split = tl.cdiv(k_steps, SPLIT_K)
-        split = tl.program_id(0) % SPLIT_K
-        k_first = split * per_split
+        k_first = (tl.program_id(0) % SPLIT_K) * per_split
         k_last = tl.minimum(k_first + per_split, k_steps)
 
         a_ptrs = x_ptr + _grid(tok * stride_xm, offs_k + k_first * BLOCK_K, SWAP_AB)  # [BM, BK] or [BK, BM]
@@ -254,10 +219,7 @@ def _gemm1_swiglu(
             g = tl.load(g_ptrs, mask=b_mask, other=0.0)
             u = tl.load(u_ptrs, mask=b_mask, other=0.0)
             if QUANT == 2:  # 128x128 blocks: scale each K step's partial product
-                if QUANT_A:
-                    a, xs = _quantize_group(a, SWAP_AB, w_ptr.dtype.element_ty, ROUND_FIRST)
-                else:
-                    xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)  # [BM]
+                xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)  # [BM]
                 ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
                 gs = tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0)  # [BN]
                 us = tl.load(ws + ((N + offs_n) // 128) * stride_wsn, mask=n_ok, other=0.0)
@@ -285,17 +247,16 @@ def _gemm1_swiglu(
                 tl.store(h_ptrs, to_fp8(h, h_ptr.dtype.element_ty, ROUND_FIRST), mask=mask)
             else:
                 tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask)
-        else:  # this split's partial sums; _swiglu adds the splits and applies the activation
-            gu_ptrs = h_ptr + split * stride_hs + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
-            tl.store(gu_ptrs, acc_g, mask=mask)
-            tl.store(gu_ptrs + N, acc_u, mask=mask)
+        else:  # partial sums; _swiglu applies the activation once every split has added its share
+            gu_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
+            tl.atomic_add(gu_ptrs, acc_g, mask=mask, sem="relaxed")
+            tl.atomic_add(gu_ptrs + N, acc_u, mask=mask, sem="relaxed")
 
 
-@triton.jit(do_not_specialize=["num_splits"])
-def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, num_splits, stride_gs, stride_hsm, BLOCK_N: tl.constexpr,
-            QUANT_OUT: tl.constexpr, BLOCK_G: tl.constexpr, ROUND_FIRST: tl.constexpr):
-    """h[r] = silu(g) * u for one row r per program after a split-K GEMM1, where g and u are the sums over
-    the ``num_splits`` partials ``gu[s, r, :N]`` and ``gu[s, r, N:]`` (``stride_gs`` apart).
+@triton.jit
+def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, stride_hsm, BLOCK_N: tl.constexpr, QUANT_OUT: tl.constexpr,
+            BLOCK_G: tl.constexpr, ROUND_FIRST: tl.constexpr):
+    """h[r] = silu(gu[r, :N]) * gu[r, N:] for one row r per program (after a split-K GEMM1).
 
     With ``QUANT_OUT`` h is written as fp8 with one scale per 1x128 group (GEMM2's fp8-block128
     input, with no quantization launch of its own), BLOCK_G groups at a time as one [BLOCK_G, 128] tile.
@@ -306,7 +267,8 @@ def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, num_splits, stride_gs, stride_hsm, BL
             groups = n // 128 + tl.arange(0, BLOCK_G)  # [BLOCK_G]
             offs = groups[:, None] * 128 + tl.arange(0, 128)[None, :]  # [BLOCK_G, 128]
             ok = offs < N
-            g, u = _split_sums(gu_ptr + row * 2 * N, offs, ok, N, num_splits, stride_gs)
+            g = tl.load(gu_ptr + row * 2 * N + offs, mask=ok, other=0.0)
+            u = tl.load(gu_ptr + row * 2 * N + N + offs, mask=ok, other=0.0)
             h = g * tl.sigmoid(g) * u
             scale = tl.maximum(tl.max(tl.abs(h), axis=1), 1e-12) / 448.0  # [BLOCK_G]
             q = to_fp8(tl.minimum(tl.maximum(h / scale[:, None], -448.0), 448.0), h_ptr.dtype.element_ty,
@@ -317,29 +279,16 @@ def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, num_splits, stride_gs, stride_hsm, BL
         for n in range(0, N, BLOCK_N):
             offs = n + tl.arange(0, BLOCK_N)
             ok = offs < N
-            g, u = _split_sums(gu_ptr + row * 2 * N, offs, ok, N, num_splits, stride_gs)
+            g = tl.load(gu_ptr + row * 2 * N + offs, mask=ok, other=0.0)
+            u = tl.load(gu_ptr + row * 2 * N + N + offs, mask=ok, other=0.0)
             tl.store(h_ptr + row * N + offs, (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
-def _split_sums(row_ptr, offs, ok, N, num_splits, stride_gs):
-    """The gate and up sums over the splits' partials of one row, at columns ``offs``."""
-    g = tl.zeros(offs.shape, tl.float32)
-    u = tl.zeros(offs.shape, tl.float32)
-    for s in range(num_splits):
-        g += tl.load(row_ptr + s * stride_gs + offs, mask=ok, other=0.0)
-        u += tl.load(row_ptr + s * stride_gs + N + offs, mask=ok, other=0.0)
-    return g, u
-
-
-@triton.jit(do_not_specialize=["num_slots", "max_pid_m", "cast_rows"])
+@triton.jit(do_not_specialize=["num_slots", "max_pid_m"])
 def _gemm2_combine(
-    h_ptr,  # [T, K] activation from GEMM1 (fp8 when QUANT, unless QUANT_A)
+    h_ptr,  # [T, K] activation from GEMM1 (fp8 when QUANT)
     w_ptr,  # [E, N, K]
     out_ptr,  # ATOMIC_SUM: [M, N] float32, zeroed, slots of one token add into one row; else [T, N], row = slot
-    cast_ptr,  # cast_rows > 0: [M, N] the layer's output, written from out_ptr by each column's last program
-    arrived_ptr,  # cast_rows > 0: [cdiv(N, BLOCK_N)] int32, zeroed: programs done per column tile
-    cast_rows,  # M, or 0 to leave the cast to the caller
     h_scale_ptr,  # QUANT 1: [T] (stride 0 for one tensor scale); QUANT 2: [T, cdiv(K, 128)]
     w_scale_ptr,  # QUANT 1: [E, N] (stride 0 per tensor); QUANT 2: [E, cdiv(N, 128), cdiv(K, 128)]
     topk_weights_ptr,  # [T] float32 routed weights, row-major [M, topk]
@@ -354,7 +303,6 @@ def _gemm2_combine(
     stride_we,
     stride_wn,
     stride_om,
-    stride_cm,
     stride_hsm,
     stride_hsk,
     stride_wse,
@@ -367,83 +315,89 @@ def _gemm2_combine(
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
     QUANT: tl.constexpr,
-    QUANT_A: tl.constexpr,  # QUANT 2: h is bf16/fp16, quantized here per 1x128 group
     ATOMIC_SUM: tl.constexpr,
     DIRECT: tl.constexpr,
-    ROUND_FIRST: tl.constexpr,
+    N_TILES: tl.constexpr,  # column tiles per program (gemm2_n_tiles)
 ):
-    pid_m, pid_n = _tile_coords(tl.program_id(0), max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, pid_n = _tile_coords(tl.program_id(0), max_pid_m, N, BLOCK_M, BLOCK_N * N_TILES, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
                                       DIRECT)
     if valid:
         row_ok = slot < num_slots
         slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
+        offs_n = pid_n * N_TILES * BLOCK_N + tl.arange(0, BLOCK_N)  # the first column tile
         offs_k = tl.arange(0, BLOCK_K)
-
-        a_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_k, SWAP_AB)
-        b_ptrs = w_ptr + expert * stride_we + _grid(offs_k, offs_n * stride_wn, SWAP_AB)
-        acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            k_ok = offs_k < K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
-            b = tl.load(b_ptrs, mask=_grid_and(k_ok, n_ok, SWAP_AB), other=0.0)
-            if QUANT == 2:
-                if QUANT_A:
-                    a, hs = _quantize_group(a, SWAP_AB, w_ptr.dtype.element_ty, ROUND_FIRST)
-                else:
-                    hs = tl.load(h_scale_ptr + slot_safe * stride_hsm + k * stride_hsk)  # [BM]
-                ws = tl.load(w_scale_ptr + expert * stride_wse + (offs_n // 128) * stride_wsn + k * stride_wsk,
-                             mask=n_ok, other=0.0)  # [BN]
-                acc += _mma(a, b, tl.zeros_like(acc), SWAP_AB) * _grid_mul(hs, ws, SWAP_AB)
-            else:
-                acc = _mma(a, b, acc, SWAP_AB)
-            a_ptrs += BLOCK_K
-            b_ptrs += BLOCK_K
 
         routed = tl.load(topk_weights_ptr + slot_safe, mask=row_ok, other=0.0)  # [BLOCK_M]
         if QUANT == 1:
             routed *= tl.load(h_scale_ptr + slot_safe * stride_hsm)
-            ws = tl.load(w_scale_ptr + expert * stride_wse + offs_n * stride_wsn, mask=n_ok, other=0.0)
-            acc *= _grid_mul(routed, ws, SWAP_AB)
+        a_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_k, SWAP_AB)
+        b_ptrs = w_ptr + expert * stride_we + _grid(offs_k, offs_n * stride_wn, SWAP_AB)
+        acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+        k_steps = tl.cdiv(K, BLOCK_K)
+        if N_TILES == 1:
+            for k in range(0, k_steps):
+                acc = _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, offs_n, row_ok, slot_safe, expert, h_scale_ptr,
+                                  w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk,
+                                  BLOCK_K, SWAP_AB, QUANT)
+                a_ptrs += BLOCK_K
+                b_ptrs += BLOCK_K
+            _gemm2_epilogue(acc, routed, slot_safe, row_ok, offs_n, expert, out_ptr, w_scale_ptr, N, stride_om,
+                            stride_wse, stride_wsn, TOPK, BLOCK_N, SWAP_AB, QUANT, ATOMIC_SUM)
         else:
-            acc *= _grid_mul(routed, tl.full((BLOCK_N,), 1.0, tl.float32), SWAP_AB)
-        mask = _grid_and(row_ok, n_ok, SWAP_AB)
-        if ATOMIC_SUM:
-            tok = slot_safe // TOPK
-            tl.atomic_add(out_ptr + _grid(tok * stride_om, offs_n, SWAP_AB), acc, mask=mask, sem="relaxed")
-            if cast_rows > 0:
-                # The last program of this column tile casts its float32 sums into the output. Every
-                # thread's adds precede the barrier; one thread's acq_rel increment then publishes them
-                # (the pattern of CUTLASS's split-K semaphore), and the last one's acquire sees them all.
-                tl.debug_barrier()
-                done = tl.atomic_add(arrived_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-                tiles = num_slots if DIRECT else tl.cdiv(tl.load(num_padded_ptr), BLOCK_M)  # valid row tiles
-                if done == tiles - 1:
-                    tl.debug_barrier()
-                    _cast_columns(out_ptr, cast_ptr, cast_rows, offs_n, n_ok, stride_om, stride_cm)
-        else:
-            tl.store(out_ptr + _grid(slot_safe * stride_om, offs_n, SWAP_AB),
-                     acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-CAST_ROWS = tl.constexpr(16)  # rows per step of _cast_columns
+            # One loop over the column tiles x the K steps, so the loads run ahead across column tiles.
+            for t in range(0, N_TILES * k_steps):
+                j = t // k_steps
+                k = t - j * k_steps
+                acc = _gemm2_step(acc, a_ptrs + k * BLOCK_K, b_ptrs + (j * BLOCK_N * stride_wn + k * BLOCK_K), k,
+                                  offs_k, offs_n + j * BLOCK_N, row_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr,
+                                  K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_K,
+                                  SWAP_AB, QUANT)
+                if k == k_steps - 1:
+                    _gemm2_epilogue(acc, routed, slot_safe, row_ok, offs_n + j * BLOCK_N, expert, out_ptr,
+                                    w_scale_ptr, N, stride_om, stride_wse, stride_wsn, TOPK, BLOCK_N, SWAP_AB,
+                                    QUANT, ATOMIC_SUM)
+                    acc = tl.zeros_like(acc)
 
 
 @triton.jit
-def _cast_columns(src_ptr, dst_ptr, rows, offs_n, n_ok, stride_s, stride_d):
-    """dst[:rows, offs_n] = src[:rows, offs_n] in dst's dtype; src read from L2 (another SM's atomics)."""
-    for m in range(0, rows, CAST_ROWS):
-        r = (m + tl.arange(0, CAST_ROWS)).to(tl.int64)
-        ok = (r < rows)[:, None] & n_ok[None, :]
-        v = tl.load(src_ptr + r[:, None] * stride_s + offs_n[None, :], mask=ok, other=0.0, cache_modifier=".cg")
-        tl.store(dst_ptr + r[:, None] * stride_d + offs_n[None, :], v.to(dst_ptr.dtype.element_ty), mask=ok)
+def _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, offs_n, row_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr, K, N,
+                stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_K: tl.constexpr,
+                SWAP_AB: tl.constexpr, QUANT: tl.constexpr):
+    """acc plus K step ``k`` of one column tile (``a_ptrs`` / ``b_ptrs`` at that step)."""
+    k_ok = offs_k < K - k * BLOCK_K
+    n_ok = offs_n < N
+    a = tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
+    b = tl.load(b_ptrs, mask=_grid_and(k_ok, n_ok, SWAP_AB), other=0.0)
+    if QUANT == 2:
+        hs = tl.load(h_scale_ptr + slot_safe * stride_hsm + k * stride_hsk)  # [BM]
+        ws = tl.load(w_scale_ptr + expert * stride_wse + (offs_n // 128) * stride_wsn + k * stride_wsk,
+                     mask=n_ok, other=0.0)  # [BN]
+        return acc + _mma(a, b, tl.zeros_like(acc), SWAP_AB) * _grid_mul(hs, ws, SWAP_AB)
+    else:
+        return _mma(a, b, acc, SWAP_AB)
 
 
-# Up to this many tokens, GEMM2's last program per column tile casts the float32 top-k sums into the
-# output (one program reads M x BLOCK_N sums); above, a copy launch does it in parallel.
-CAST_IN_GEMM2_MAX_M = 64
+@triton.jit
+def _gemm2_epilogue(acc, routed, slot_safe, row_ok, offs_n, expert, out_ptr, w_scale_ptr, N, stride_om,
+                    stride_wse, stride_wsn, TOPK: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr,
+                    QUANT: tl.constexpr, ATOMIC_SUM: tl.constexpr):
+    """One column tile of GEMM2's output, scaled by the routed weights [BM] (and QUANT 1's column scales),
+    added into each token's row (ATOMIC_SUM) or stored as each slot's row."""
+    n_ok = offs_n < N
+    if QUANT == 1:
+        ws = tl.load(w_scale_ptr + expert * stride_wse + offs_n * stride_wsn, mask=n_ok, other=0.0)
+        acc *= _grid_mul(routed, ws, SWAP_AB)
+    else:
+        acc *= _grid_mul(routed, tl.full((BLOCK_N,), 1.0, tl.float32), SWAP_AB)
+    mask = _grid_and(row_ok, n_ok, SWAP_AB)
+    if ATOMIC_SUM:
+        tok = slot_safe // TOPK
+        tl.atomic_add(out_ptr + _grid(tok * stride_om, offs_n, SWAP_AB), acc, mask=mask, sem="relaxed")
+    else:
+        tl.store(out_ptr + _grid(slot_safe * stride_om, offs_n, SWAP_AB), acc.to(out_ptr.dtype.element_ty),
+                 mask=mask)
+
 
 # Columns per program of the top-k sum: 8 rows of 1024 bf16 columns (16 KB) in flight per program.
 TOPK_SUM_BLOCK = 1024
@@ -519,8 +473,7 @@ def fused_moe(
 
     static = act_scale is not None
     assert not static or fp8_scheme == "tensor", "static activation scales are per tensor"
-    quant_a = quant == QUANT_BLOCK and config.quant_in_gemm  # each GEMM quantizes its A operand's groups
-    a1, a1_scale = (x, None) if quant == QUANT_NONE or quant_a else quantize_act(
+    a1, a1_scale = (x, None) if quant == QUANT_NONE else quantize_act(
         x, fp8_scheme, act_scale[:1] if static else None)  # [M, H] fp8
     if config.direct_route:  # a tile per slot: topk_ids serves as the tiles' expert ids, no align launch
         ids = topk_ids.reshape(-1)  # [T]
@@ -530,32 +483,29 @@ def fused_moe(
         sorted_ids, expert_ids, num_padded = align.sorted_ids, align.expert_ids, align.num_padded
         max_blocks = expert_ids.numel()  # the grid's upper bound on tiles along the slots
 
-    # GEMM2's float32 top-k sums [M, H] (atomics) and, where GEMM2 casts them itself, its per-column-tile
-    # arrival counters: zeroed by GEMM1's programs, so no launch of their own.
+    # The float32 buffers that atomics add into, zeroed by one launch: GEMM1's split-K partial
+    # sums [T, 2I] and GEMM2's top-k sums [M, H].
     split = config.split_k
-    n_tiles2 = triton.cdiv(H, config.block_n2)
-    cast_rows = M if config.atomic_sum and M <= CAST_IN_GEMM2_MAX_M else 0
+    n_gu = T * 2 * I if split > 1 else 0
     n_acc = M * H if config.atomic_sum else 0
-    n_arrived = n_tiles2 if cast_rows else 0
-    zeroed = torch.empty(max(1, n_acc + n_arrived), device=x.device, dtype=torch.float32)
+    zeroed = torch.zeros(n_gu + n_acc, device=x.device, dtype=torch.float32)
 
     # fp8-block128 after a split-K GEMM1: the _swiglu launch writes GEMM2's fp8 input and group scales.
     # Static scales without split-K: GEMM1's epilogue writes it.
     quant_out = quant == QUANT_BLOCK and split > 1
     static_out = static and split == 1
     act_dtype = x.dtype
-    h = torch.empty(T, I, device=x.device, dtype=w13.dtype if quant_out or static_out else act_dtype)  # [T, I]
+    h = torch.empty(T, I, device=x.device, dtype=a1.dtype if quant_out or static_out else act_dtype)  # [T, I]
     h_scale = torch.empty(T, triton.cdiv(I, 128), device=x.device, dtype=torch.float32) if quant_out else None
-    # Split-K: each split stores its own partials [split, T, 2I]; _swiglu adds them (nothing to zero).
-    gu = h if split == 1 else torch.empty(split, T, 2 * I, device=x.device, dtype=torch.float32)
+    gu = h if split == 1 else zeroed[:n_gu].view(T, 2 * I)  # [T, 2I]
     k1 = _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N) * split,)](
-        a1, w13, gu, zeroed, n_acc + n_arrived, act_scale[1:] if static else None, a1_scale, w13_scale,
-        sorted_ids, expert_ids, num_padded, T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1),
-        gu.stride(-2), gu.stride(0), *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3),
-        SPLIT_K=split, QUANT_A=quant_a, STATIC_OUT=static_out, ROUND_FIRST=interpreting(), **launch,
+        a1, w13, gu, act_scale[1:] if static else None, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
+        T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(0),
+        *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split,
+        STATIC_OUT=static_out, ROUND_FIRST=interpreting(), **launch,
     )
     if split > 1 and T:
-        _swiglu[(T,)](gu, h, h_scale, I, split, gu.stride(0), 0 if h_scale is None else h_scale.stride(0),
+        _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0),
                       BLOCK_N=min(1024, triton.next_power_of_2(I)), QUANT_OUT=quant_out,
                       BLOCK_G=min(8, triton.next_power_of_2(triton.cdiv(I, 128))), ROUND_FIRST=interpreting())
 
@@ -564,25 +514,23 @@ def fused_moe(
     elif static_out:
         a2, a2_scale = h, act_scale[1:]  # [T, I] fp8, [1]
     else:
-        a2, a2_scale = (h, None) if quant == QUANT_NONE or quant_a else quantize_act(
+        a2, a2_scale = (h, None) if quant == QUANT_NONE else quantize_act(
             h, fp8_scheme, act_scale[1:] if static else None)  # [T, I] fp8
     if out is None:
         out = torch.empty(M, H, device=x.device, dtype=act_dtype)
     if config.atomic_sum:
-        acc = zeroed[:n_acc].view(M, H)  # [M, H] float32
+        acc = zeroed[n_gu:].view(M, H)  # [M, H] float32
     else:
         acc = torch.empty(T, H, device=x.device, dtype=act_dtype)  # [T, H], row = slot
-    arrived = zeroed[n_acc:n_acc + n_arrived].view(torch.int32)  # [n_tiles2] when cast_rows
-    k2 = _gemm2_combine[(max_blocks * n_tiles2,)](
-        a2, w2, acc, out, arrived, cast_rows, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids,
-        num_padded, T, max_blocks, H, I, a2.stride(0), w2.stride(0), w2.stride(1), acc.stride(0), out.stride(0),
-        *_scale_strides(a2_scale, 2, per_tensor), *_scale_strides(w2_scale, 3), ATOMIC_SUM=config.atomic_sum,
-        **{**launch, "BLOCK_N": config.block_n2, "QUANT_A": quant_a and not quant_out},
-        ROUND_FIRST=interpreting(),
+    k2 = _gemm2_combine[(max_blocks * triton.cdiv(H, config.block_n2 * config.gemm2_n_tiles),)](
+        a2, w2, acc, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids, num_padded,
+        T, max_blocks, H, I, a2.stride(0), w2.stride(0), w2.stride(1), acc.stride(0),
+        *_scale_strides(a2_scale, 2, per_tensor), *_scale_strides(w2_scale, 3),
+        ATOMIC_SUM=config.atomic_sum, N_TILES=config.gemm2_n_tiles, **{**launch, "BLOCK_N": config.block_n2},
     )
-    if config.atomic_sum and not cast_rows:
+    if config.atomic_sum:
         out.copy_(acc)
-    elif not config.atomic_sum and M:
+    elif M:
         block = min(TOPK_SUM_BLOCK, triton.next_power_of_2(H))
         _topk_sum[(M, triton.cdiv(H, block))](acc, out, H, acc.stride(0), out.stride(0), TOPK=topk, BLOCK_N=block)
     if compiled is not None:
