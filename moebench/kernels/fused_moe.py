@@ -328,9 +328,6 @@ def _gemm2_combine(
         offs_n = pid_n * N_TILES * BLOCK_N + tl.arange(0, BLOCK_N)  # the first column tile
         offs_k = tl.arange(0, BLOCK_K)
 
-        routed = tl.load(topk_weights_ptr + slot_safe, mask=row_ok, other=0.0)  # [BLOCK_M]
-        if QUANT == 1:
-            routed *= tl.load(h_scale_ptr + slot_safe * stride_hsm)
         a_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_k, SWAP_AB)
         b_ptrs = w_ptr + expert * stride_we + _grid(offs_k, offs_n * stride_wn, SWAP_AB)
         acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -342,8 +339,9 @@ def _gemm2_combine(
                                   BLOCK_K, SWAP_AB, QUANT)
                 a_ptrs += BLOCK_K
                 b_ptrs += BLOCK_K
-            _gemm2_epilogue(acc, routed, slot_safe, row_ok, offs_n, expert, out_ptr, w_scale_ptr, N, stride_om,
-                            stride_wse, stride_wsn, TOPK, BLOCK_N, SWAP_AB, QUANT, ATOMIC_SUM)
+            _gemm2_epilogue(acc, slot_safe, row_ok, offs_n, expert, out_ptr, topk_weights_ptr, h_scale_ptr,
+                            w_scale_ptr, N, stride_om, stride_hsm, stride_wse, stride_wsn, TOPK, BLOCK_N, SWAP_AB,
+                            QUANT, ATOMIC_SUM)
         else:
             # One loop over the column tiles x the K steps, so the loads run ahead across column tiles.
             for t in range(0, N_TILES * k_steps):
@@ -354,9 +352,9 @@ def _gemm2_combine(
                                   K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_K,
                                   SWAP_AB, QUANT)
                 if k == k_steps - 1:
-                    _gemm2_epilogue(acc, routed, slot_safe, row_ok, offs_n + j * BLOCK_N, expert, out_ptr,
-                                    w_scale_ptr, N, stride_om, stride_wse, stride_wsn, TOPK, BLOCK_N, SWAP_AB,
-                                    QUANT, ATOMIC_SUM)
+                    _gemm2_epilogue(acc, slot_safe, row_ok, offs_n + j * BLOCK_N, expert, out_ptr,
+                                    topk_weights_ptr, h_scale_ptr, w_scale_ptr, N, stride_om, stride_hsm, stride_wse,
+                                    stride_wsn, TOPK, BLOCK_N, SWAP_AB, QUANT, ATOMIC_SUM)
                     acc = tl.zeros_like(acc)
 
 
@@ -379,13 +377,15 @@ def _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, offs_n, row_ok, slot_safe, exper
 
 
 @triton.jit
-def _gemm2_epilogue(acc, routed, slot_safe, row_ok, offs_n, expert, out_ptr, w_scale_ptr, N, stride_om,
-                    stride_wse, stride_wsn, TOPK: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr,
-                    QUANT: tl.constexpr, ATOMIC_SUM: tl.constexpr):
-    """One column tile of GEMM2's output, scaled by the routed weights [BM] (and QUANT 1's column scales),
-    added into each token's row (ATOMIC_SUM) or stored as each slot's row."""
+def _gemm2_epilogue(acc, slot_safe, row_ok, offs_n, expert, out_ptr, topk_weights_ptr, h_scale_ptr, w_scale_ptr,
+                    N, stride_om, stride_hsm, stride_wse, stride_wsn, TOPK: tl.constexpr, BLOCK_N: tl.constexpr,
+                    SWAP_AB: tl.constexpr, QUANT: tl.constexpr, ATOMIC_SUM: tl.constexpr):
+    """One column tile of GEMM2's output, scaled by the routed weights (and QUANT 1's row and column
+    scales), added into each token's row (ATOMIC_SUM) or stored as each slot's row."""
     n_ok = offs_n < N
+    routed = tl.load(topk_weights_ptr + slot_safe, mask=row_ok, other=0.0)  # [BLOCK_M]
     if QUANT == 1:
+        routed *= tl.load(h_scale_ptr + slot_safe * stride_hsm)
         ws = tl.load(w_scale_ptr + expert * stride_wse + offs_n * stride_wsn, mask=n_ok, other=0.0)
         acc *= _grid_mul(routed, ws, SWAP_AB)
     else:
