@@ -109,6 +109,6 @@ def _gemm2_walks(cfg: TileConfig, intermediate: int, per_expert: float) -> tuple
     """GEMM2 column tiles per program to try. With K (the intermediate size) at most two K steps, a program
     of one tile ends before its loads could run ahead; walking 8 tiles in one loop made DeepSeek-V3@tp8
     (I = 256) 3-11% faster at M = 64-4096 (2-128 slots per expert) on an H200, and Qwen3 (I = 768,
-    6 steps) gained at most 2.5% and lost 5% at M = 64 with 4 (results/h200-session5). Decode, where
-    fewer programs would be left than SMs, was not measured and is not tried."""
+    6 steps) gained at most 2.5% and lost 5% at M = 64 with 4 (results/h200-session5). Under 2 slots per
+    expert (decode) walking was not measured, so it is not tried there."""
     return (1, 8) if -(-intermediate // cfg.BLOCK_SIZE_K) <= 2 and per_expert >= 2 else (1,)

@@ -50,6 +50,13 @@ DeepSeek-V3@tp8 and Qwen3 fp8-block128 M=1 and M=4 and Qwen3 bf16 M=1 (``results
 BLOCK_M, as the align is shared); the tuner tries 128 at fp8-block128 prefill, where GEMM1's best
 tile is 64 wide.
 
+**GEMM2 programs walking column tiles** (``gemm2_n_tiles``): with N_TILES > 1 a GEMM2 program
+computes that many adjacent column tiles of its row tile in one loop over tiles x K steps, so its
+loads run ahead from one tile into the next. GEMM2's K is the intermediate size; at DeepSeek-V3@tp8
+(I = 256, two K steps) a one-tile program ends before anything can be prefetched, and walking 8 tiles
+made the layer 3-11% faster at M = 64-4096 on an H200 (``results/h200-session5``). With one tile the
+loop is the plain K loop: run with one tile, the walking loop was up to 6% slower.
+
 **Split-K** (``split_k``, GEMM1 only): at decode a few experts x column tiles
 leave most of the 132 SMs idle while each program walks the whole hidden
 dimension (measured: DeepSeek-V3@tp8 at M=1, 64 programs, 1.1 TB/s). With
