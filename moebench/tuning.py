@@ -76,7 +76,7 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
     """Distinct configs to try for ``problem``: the class's shapes x Swap-AB x the top-k sum's two forms
     (x a split-K variant where GEMM1's grid is small, x a tile per slot with no align step where slots
     are few against experts, x a wider GEMM2 tile at fp8-block128 prefill, x GEMM2 programs walking 8
-    column tiles where GEMM2 has at most two K steps and experts see 2+ slots), fitted to shared memory."""
+    column tiles, or 4 at decode, where GEMM2 has at most two K steps), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
     # A tile per slot reads an expert's weights once per slot routed to it, so only where few slots share
@@ -109,6 +109,9 @@ def _gemm2_walks(cfg: TileConfig, intermediate: int, per_expert: float) -> tuple
     """GEMM2 column tiles per program to try. With K (the intermediate size) at most two K steps, a program
     of one tile ends before its loads could run ahead; walking 8 tiles in one loop made DeepSeek-V3@tp8
     (I = 256) 3-11% faster at M = 64-4096 (2-128 slots per expert) on an H200, and Qwen3 (I = 768,
-    6 steps) gained at most 2.5% and lost 5% at M = 64 with 4 (results/h200-session5). Under 2 slots per
-    expert (decode) walking was not measured, so it is not tried there."""
-    return (1, 8) if -(-intermediate // cfg.BLOCK_SIZE_K) <= 2 and per_expert >= 2 else (1,)
+    6 steps) gained at most 2.5% and lost 5% at M = 64 with 4 (results/h200-session5). At decode 4 tiles
+    keep more programs than SMs: tuned, they won DeepSeek-V3@tp8 M=4 and 16 by 1.6-2.3% and lost M=1
+    (results/h200-kernels-decode-walk)."""
+    if -(-intermediate // cfg.BLOCK_SIZE_K) > 2:
+        return (1,)
+    return (1, 8) if per_expert >= 2 else (1, 4)

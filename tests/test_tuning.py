@@ -90,10 +90,11 @@ def test_wider_gemm2_tile_tried_at_block128_prefill_only():
 
 def test_gemm2_walks_column_tiles_only_where_its_k_loop_is_short():
     """DeepSeek-V3@tp8 (I = 256: two K steps of 128) gets GEMM2 programs walking 8 column tiles beside
-    single tiles from 2 slots per expert (M = 64) on, not at decode; Qwen3 (I = 768) and Mixtral do not."""
+    single tiles from 2 slots per expert (M = 64) on, and 4 at decode; Qwen3 (I = 768) and Mixtral do not."""
     ds = shard(get_model("deepseek-v3"), tp=8)
     for m in (64, 4096):
         assert {c.gemm2_n_tiles for c in candidates(Problem(ds, m, "fp8-block128"))} == {1, 8}
-    assert {c.gemm2_n_tiles for c in candidates(Problem(ds, 16, "fp8-block128"))} == {1}
+    for m in (1, 16):
+        assert {c.gemm2_n_tiles for c in candidates(Problem(ds, m, "fp8-block128"))} == {1, 4}
     assert {c.gemm2_n_tiles for c in candidates(Problem(get_model("qwen3-30b-a3b"), 4096, "fp8-block128"))} == {1}
     assert {c.gemm2_n_tiles for c in candidates(Problem(get_model("mixtral-8x7b"), 64, "bf16"))} == {1}
