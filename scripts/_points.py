@@ -5,8 +5,10 @@ A script run as ``python3 scripts/x.py`` finds this module next to it.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from glob import glob
+from types import ModuleType
 
 import torch
 
@@ -15,6 +17,7 @@ from moebench.paths.torch_ref import moe_reference
 from moebench.problem import MoEInputs, Problem, make_inputs
 from moebench.results import load_run
 from moebench.tile import TileConfig
+from moebench.timing import time_graph
 
 BENCHMARK_RUN = "results/h200-kernels-bab17e1/*"  # the tuned run whose best configs the A/Bs start from
 
@@ -62,3 +65,30 @@ def checked_error(run: Callable[[], None], out: torch.Tensor, ref: torch.Tensor)
     out.fill_(float("nan"))
     run()
     return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def scratch_module(name: str) -> ModuleType:
+    """An older copy of a kernel file, ``.scratch/{name}.py`` (made by ``git show``), as a module."""
+    spec = importlib.util.spec_from_file_location(name, f".scratch/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_then_time(row: dict, variants: dict, inp: MoEInputs, out: torch.Tensor, ref: torch.Tensor,
+                    rtol: float) -> dict:
+    """Each variant (label -> (kernels module, config)) checked against ``ref``, its error kept in
+    ``row[label + "_err"]``; those within ``rtol`` timed twice, interleaved with the others, keeping the
+    faster median in ``row[label]`` (a variant timed first read up to 8% slow in an earlier run)."""
+    fns = {}
+    for label, (kernels, cfg) in variants.items():
+        fn = layer(kernels, inp, cfg, out)
+        err = checked_error(fn, out, ref)
+        row[f"{label}_err"] = round(err, 5)
+        if err < rtol:
+            fns[label] = fn
+    for _ in range(2):
+        for label, fn in fns.items():
+            t = round(time_graph(fn, budget_s=0.3).median_us, 1)
+            row[label] = min(t, row.get(label, t))
+    return row

@@ -14,19 +14,16 @@ Each variant's output is checked against the float32 reference before it is time
     PYTHONPATH=$PWD python3 scripts/ab_gemm2.py > rows.jsonl
 """
 
-import importlib.util
 import json
 
 import triton
-from _points import best_rows, checked_error, layer, point_setup
+from _points import best_rows, checked_error, layer, point_setup, scratch_module
 
 import moebench.kernels.fused_moe as new
 from moebench.tile import TileConfig
 from moebench.timing import time_graph
 
-spec = importlib.util.spec_from_file_location("fm_base", ".scratch/fused_moe_base.py")
-base = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(base)
+base = scratch_module("fused_moe_base")
 
 DECODE = [("deepseek-v3@tp8", "fp8-block128", 1), ("deepseek-v3@tp8", "fp8-block128", 4),
           ("qwen3-30b-a3b", "fp8-block128", 1), ("qwen3-30b-a3b", "bf16", 1)]

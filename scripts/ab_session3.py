@@ -14,21 +14,18 @@ results/h200-kernels-bab17e1, each variant checked against the float32 reference
     PYTHONPATH=$PWD python3 scripts/ab_session3.py > rows.jsonl
 """
 
-import importlib.util
 import json
 from dataclasses import replace
 
 import torch
 import triton
-from _points import best_rows, checked_error, layer, point_setup
+from _points import best_rows, checked_error, layer, point_setup, scratch_module
 
 import moebench.kernels.fused_moe as new
 from moebench.tile import TileConfig
 from moebench.timing import time_graph
 
-spec = importlib.util.spec_from_file_location("fm_base", ".scratch/fused_moe_base.py")
-base = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(base)
+base = scratch_module("fused_moe_base")
 
 DS, QWEN = "deepseek-v3@tp8", "qwen3-30b-a3b"
 DECODE = [(DS, "fp8-block128", 1), (DS, "fp8-block128", 4), (DS, "fp8-block128", 16),

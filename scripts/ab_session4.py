@@ -13,19 +13,15 @@ Each variant is timed twice, interleaved with the others, and keeps the faster m
     PYTHONPATH=$PWD python3 scripts/ab_session4.py > rows.jsonl
 """
 
-import importlib.util
 import json
 from dataclasses import replace
 
-from _points import best_rows, checked_error, layer, point_setup
+from _points import best_rows, check_then_time, point_setup, scratch_module
 
 import moebench.kernels.fused_moe as new
 from moebench.tile import TileConfig
-from moebench.timing import time_graph
 
-spec = importlib.util.spec_from_file_location("fm_base", ".scratch/fused_moe_base.py")
-base = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(base)
+base = scratch_module("fused_moe_base")
 
 DS, QWEN, MIX = "deepseek-v3@tp8", "qwen3-30b-a3b", "mixtral-8x7b"
 POINTS = [(DS, "fp8-block128", m) for m in (1, 4, 16)]
@@ -50,20 +46,7 @@ def measure(model: str, dtype: str, m: int) -> dict:
         variants["n128"] = (new, n128)
         if direct:
             variants["n128_direct"] = (new, replace(n128, direct_route=True))
-
-    fns = {}
-    for label, (mod, c) in variants.items():
-        fn = layer(mod, inp, c, out)
-        err = checked_error(fn, out, ref)
-        row[f"{label}_err"] = round(err, 5)
-        if err < problem.spec.rtol:
-            fns[label] = fn
-    # Each variant twice, interleaved: a variant timed first read up to 8% slow in an earlier run.
-    for _ in range(2):
-        for label, fn in fns.items():
-            t = round(time_graph(fn, budget_s=0.3).median_us, 1)
-            row[label] = min(t, row.get(label, t))
-    return row
+    return check_then_time(row, variants, inp, out, ref, problem.spec.rtol)
 
 
 for point in POINTS:

@@ -21,28 +21,18 @@ config stored rows (decode points); "t2"/"t4"/"t8": new with GEMM2 walking 2/4/8
 (no mid file needed): where the tuner tries no walk, the two should launch the same loop.
 """
 
-import importlib.util
 import json
 import sys
 from dataclasses import replace
 
-from _points import best_rows, checked_error, layer, point_setup
+from _points import best_rows, check_then_time, point_setup, scratch_module
 
 import moebench.kernels.fused_moe as new
 from moebench.tile import TileConfig
-from moebench.timing import time_graph
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, f".scratch/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 SAME = sys.argv[1:] == ["same"]
-base = _load("fused_moe_base")
-mid = None if SAME else _load("fused_moe_mid")
+base = scratch_module("fused_moe_base")
+mid = None if SAME else scratch_module("fused_moe_mid")
 
 DS, QWEN, MIX = "deepseek-v3@tp8", "qwen3-30b-a3b", "mixtral-8x7b"
 DECODE = [(DS, "fp8-block128", 1), (DS, "fp8-block128", 4), (QWEN, "fp8-block128", 1), (QWEN, "bf16", 1),
@@ -61,30 +51,14 @@ def measure(model: str, dtype: str, m: int) -> dict:
     cfg = TileConfig.from_dict(best[(model, dtype, m)]["config"])
     row = dict(point=f"{model} {dtype} M={m}", config=cfg.as_dict(), bench_us=best[(model, dtype, m)]["time_us"])
 
-    variants = {"base": (base, cfg), "new": (new, cfg)} if SAME else {
-        "base": (base, cfg), "mid": (mid, cfg), "new": (new, cfg)}
-    if SAME:
-        pass
-    elif (model, dtype, m) in DECODE:
-        if not cfg.atomic_sum:
+    variants = {"base": (base, cfg), "new": (new, cfg)}
+    if not SAME:
+        variants = {"base": (base, cfg), "mid": (mid, cfg), "new": (new, cfg)}
+        if (model, dtype, m) not in DECODE:
+            variants.update({f"t{n}": (new, replace(cfg, gemm2_n_tiles=n)) for n in (2, 4, 8)})
+        elif not cfg.atomic_sum:
             variants["atomic"] = (new, replace(cfg, atomic_sum=True))
-    else:
-        for n in (2, 4, 8):
-            variants[f"t{n}"] = (new, replace(cfg, gemm2_n_tiles=n))
-
-    fns = {}
-    for label, (mod, c) in variants.items():
-        fn = layer(mod, inp, c, out)
-        err = checked_error(fn, out, ref)
-        row[f"{label}_err"] = round(err, 5)
-        if err < problem.spec.rtol:
-            fns[label] = fn
-    # Each variant twice, interleaved: a variant timed first read up to 8% slow in an earlier run.
-    for _ in range(2):
-        for label, fn in fns.items():
-            t = round(time_graph(fn, budget_s=0.3).median_us, 1)
-            row[label] = min(t, row.get(label, t))
-    return row
+    return check_then_time(row, variants, inp, out, ref, problem.spec.rtol)
 
 
 for point in DECODE + PREFILL:
