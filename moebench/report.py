@@ -126,6 +126,8 @@ def _short_config(c: dict) -> str:
         text += f" n2={c['gemm2_block_n']}"
     if c.get("gemm2_n_tiles", 1) > 1:
         text += f" n2tiles={c['gemm2_n_tiles']}"
+    if c.get("gemm1_merged"):
+        text += " merged"
     return text
 
 

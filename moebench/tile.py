@@ -39,6 +39,7 @@ class TileConfig:
     direct_route: bool = False  # a tile per token slot, its expert read from topk_ids: no align step (moebench only)
     gemm2_block_n: int = 0  # GEMM2's output columns per tile, if not GEMM1's; 0: the same (moebench only)
     gemm2_n_tiles: int = 1  # GEMM2 column tiles per program, in one pipelined loop (moebench only)
+    gemm1_merged: bool = False  # GEMM1 as one MMA per K step over gate and up rows together (moebench only)
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -68,7 +69,7 @@ class TileConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise UserError(f"tile config: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
-        flags = ("swap_ab", "atomic_sum", "direct_route")
+        flags = ("swap_ab", "atomic_sum", "direct_route", "gemm1_merged")
         return cls(**{k: bool(v) if k in flags else int(v) for k, v in d.items()})
 
     @property
@@ -76,7 +77,7 @@ class TileConfig:
         """Whether vLLM's and SGLang's kernels run this config as written (no moebench-only field set)."""
         return (not self.swap_ab and self.atomic_sum and self.split_k == 1 and not self.direct_route
                 and self.gemm2_block_n in (0, self.BLOCK_SIZE_N)
-                and self.gemm2_n_tiles == 1)
+                and self.gemm2_n_tiles == 1 and not self.gemm1_merged)
 
     @property
     def block_n2(self) -> int:

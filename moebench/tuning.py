@@ -76,7 +76,8 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
     """Distinct configs to try for ``problem``: the class's shapes x Swap-AB x the top-k sum's two forms
     (x a split-K variant where GEMM1's grid is small, x a tile per slot with no align step where slots
     are few against experts, x a wider GEMM2 tile at fp8-block128 prefill, x GEMM2 programs walking 8
-    column tiles, or 4 at decode, where GEMM2 has at most two K steps), fitted to shared memory."""
+    column tiles, or 4 at decode, where GEMM2 has at most two K steps, x GEMM1 as one merged MMA per K step
+    for 8-warp tiles), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
     # A tile per slot reads an expert's weights once per slot routed to it, so only where few slots share
@@ -93,7 +94,19 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
             c = replace(cfg, swap_ab=swap, atomic_sum=atomic, split_k=split, direct_route=route, gemm2_block_n=n2,
                         gemm2_n_tiles=walk)
             out.setdefault(c.key(), c)
+            if _tries_merged(c, spec):
+                merged = replace(c, gemm1_merged=True)
+                out.setdefault(merged.key(), merged)
     return list(out.values())
+
+
+def _tries_merged(cfg: TileConfig, spec: DtypeSpec) -> bool:
+    """Whether to try GEMM1 as one MMA per K step over gate and up rows together (``gemm1_merged``). On an
+    H200 at each point's best config (results/h200-session6) it made the layer 3.6-6.2% faster at the four
+    points whose best tile was 128x128 at 8 warps without Swap-AB (Mixtral bf16 M=1024 and 4096, Mixtral
+    fp8-tensor and Qwen3 bf16 M=4096); it was even with Swap-AB, even at fp8-block128 and 0.4-2.3% slower
+    with 4-warp tiles."""
+    return cfg.num_warps == 8 and not cfg.swap_ab and spec.fp8_scheme != "block128"
 
 
 def _gemm2_widths(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> tuple[int, ...]:

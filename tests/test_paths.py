@@ -56,6 +56,18 @@ def test_triton_matches_reference(case, dtype, swap_ab):
     assert result.correct, f"rel. error {result.rel_err}"
 
 
+@pytest.mark.parametrize("swap_ab", [False, True])
+@pytest.mark.parametrize("dtype", TRITON_DTYPES)
+def test_merged_gemm1_matches_reference(dtype, swap_ab):
+    """GEMM1 as one MMA per K step over gate and up rows side by side (``gemm1_merged``) matches the fp32
+    reference in every dtype and scale scheme, plain and Swap-AB (hidden and I not multiples of the tile)."""
+    problem = Problem(_shape(6, 96, 48, 2), 33, dtype, seed=4)
+    path = get_path("triton")
+    config = replace(path.default_config(problem), swap_ab=swap_ab, gemm1_merged=True)
+    result = check_point(path, problem, make_inputs(problem, DEVICE, draw=1), config)
+    assert result.correct, f"rel. error {result.rel_err}"
+
+
 @pytest.mark.parametrize("config", [
     TileConfig(16, 32, 32, 1, 4, 2),  # smallest tiles: many K steps
     TileConfig(32, 64, 16, 4, 4, 2),  # grouped tile order
@@ -67,6 +79,8 @@ def test_triton_matches_reference(case, dtype, swap_ab):
     TileConfig(16, 64, 32, 2, 4, 2, swap_ab=True, atomic_sum=False, gemm2_block_n=16),  # and narrower
     TileConfig(16, 32, 32, 1, 4, 2, gemm2_n_tiles=3),  # one GEMM2 program walks all 3 column tiles
     TileConfig(32, 32, 16, 2, 4, 2, swap_ab=True, atomic_sum=False, gemm2_n_tiles=2),  # 2nd walk half past N
+    TileConfig(16, 32, 32, 1, 4, 2, gemm1_merged=True),  # one GEMM1 MMA over gate and up rows; I = 48: 2nd tile half
+    TileConfig(32, 64, 32, 1, 4, 2, swap_ab=True, gemm1_merged=True, split_k=2),  # swapped, partial sums
 ])
 def test_triton_any_tile_config_is_correct(config):
     """Correctness does not depend on the tile config (padding, grouping, K tail)."""
@@ -228,13 +242,15 @@ def test_block128_split_k_activation_writes_gemm2_fp8_input(config, intermediate
     assert calls and all(shape == (3, 512) for shape in calls)
 
 
-@pytest.mark.parametrize("variant", [{}, {"split_k": 2}, {"gemm2_block_n": 128}, {"gemm2_n_tiles": 4}])
+@pytest.mark.parametrize("variant", [{}, {"split_k": 2}, {"gemm2_block_n": 128}, {"gemm2_n_tiles": 4},
+                                     {"gemm1_merged": True}])
 @pytest.mark.parametrize("swap_ab", [False, True])
 def test_block128_scales_that_differ_by_orders_between_k_groups(swap_ab, variant):
     """Each K step applies its own 128x128-block scales: with activation and weight groups whose scales
     differ by up to 1e5 (each group's products kept O(1)), the layer matches the reference, plain and
-    Swap-AB, with split-K (h's groups then quantized by the activation launch), with GEMM2 wider and with
-    GEMM2 walking 4 column tiles per program (6 tiles: the second program's last two lie past N)."""
+    Swap-AB, with split-K (h's groups then quantized by the activation launch), with GEMM2 wider, with
+    GEMM2 walking 4 column tiles per program (6 tiles: the second program's last two lie past N) and with
+    GEMM1's gate and up rows in one MMA (each B column scaled by its own row's block)."""
     from moebench.kernels.fused_moe import fused_moe
     from moebench.problem import Weights
     from moebench.quant import quantize_weight

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from moebench.models import get_model, shard
@@ -98,3 +100,16 @@ def test_gemm2_walks_column_tiles_only_where_its_k_loop_is_short():
         assert {c.gemm2_n_tiles for c in candidates(Problem(ds, m, "fp8-block128"))} == {1, 4}
     assert {c.gemm2_n_tiles for c in candidates(Problem(get_model("qwen3-30b-a3b"), 4096, "fp8-block128"))} == {1}
     assert {c.gemm2_n_tiles for c in candidates(Problem(get_model("mixtral-8x7b"), 64, "bf16"))} == {1}
+
+
+def test_merged_gemm1_tried_with_8_warp_tiles_without_swap_and_not_at_block128():
+    """GEMM1 as one merged MMA is tried beside the pair of MMAs for 8-warp tiles without Swap-AB (where it
+    won on an H200), never with 4 warps, Swap-AB or fp8-block128."""
+    for dtype in ("bf16", "fp8-tensor"):
+        tried = [c for c in candidates(Problem(get_model("mixtral-8x7b"), 4096, dtype)) if c.gemm1_merged]
+        assert tried and all(c.num_warps == 8 and not c.swap_ab for c in tried)
+        assert {replace(c, gemm1_merged=False).key() for c in tried} <= {
+            c.key() for c in candidates(Problem(get_model("mixtral-8x7b"), 4096, dtype))}
+    ds = shard(get_model("deepseek-v3"), tp=8)
+    assert not any(c.gemm1_merged for c in candidates(Problem(ds, 4096, "fp8-block128")))
+    assert not any(c.gemm1_merged for c in candidates(Problem(get_model("qwen3-30b-a3b"), 1, "bf16")))

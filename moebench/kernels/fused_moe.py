@@ -57,6 +57,12 @@ loads run ahead from one tile into the next. GEMM2's K is the intermediate size;
 made the layer 3-11% faster at M = 64-4096 on an H200 (``results/h200-session5``). With one tile the
 loop is the plain K loop: run with one tile, the walking loop was up to 6% slower.
 
+**GEMM1 as one MMA per K step** (``gemm1_merged``): the B tile holds the gate and up rows of the
+tile's columns side by side ([BK, 2BN]), so each K step is one MMA twice as wide instead of a gate MMA
+and an up MMA; the accumulator is parted after the loop. On an H200 at each point's best config it made
+the layer 3.6-6.2% faster where that tile was 128x128 at 8 warps without Swap-AB, and was even or up to
+2.3% slower elsewhere (``results/h200-session6``), so the tuner tries it for 8-warp tiles only.
+
 **Split-K** (``split_k``, GEMM1 only): at decode a few experts x column tiles
 leave most of the 132 SMs idle while each program walks the whole hidden
 dimension (measured: DeepSeek-V3@tp8 at M=1, 64 programs, 1.1 TB/s). With
@@ -118,6 +124,16 @@ def _mma(a, b, acc, SWAP_AB: tl.constexpr):
         return tl.dot(b, a, acc)
     else:
         return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+    """The gate and up tiles of GEMM1's merged accumulator, whose columns (rows when swapped) alternate
+    gate n, up n: [BM, 2BN] -> two [BM, BN], or [2BN, BM] -> two [BN, BM]."""
+    if SWAP_AB:
+        return tl.split(tl.permute(tl.reshape(acc, (BLOCK_N, 2, BLOCK_M)), (0, 2, 1)))
+    else:
+        return tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
 
 
 @triton.jit
@@ -195,6 +211,7 @@ def _gemm1_swiglu(
     QUANT: tl.constexpr,
     SPLIT_K: tl.constexpr,
     DIRECT: tl.constexpr,
+    MERGED: tl.constexpr,  # one MMA per K step over gate and up rows together (gemm1_merged)
     STATIC_OUT: tl.constexpr,  # h written in fp8 at a static per-tensor scale (fp8-tensor-static, SPLIT_K == 1)
     ROUND_FIRST: tl.constexpr,
 ):
@@ -215,34 +232,17 @@ def _gemm1_swiglu(
         k_last = tl.minimum(k_first + per_split, k_steps)
 
         a_ptrs = x_ptr + _grid(tok * stride_xm, offs_k + k_first * BLOCK_K, SWAP_AB)  # [BM, BK] or [BK, BM]
-        g_ptrs = w_ptr + expert * stride_we + _grid(offs_k + k_first * BLOCK_K, offs_n * stride_wn, SWAP_AB)
-        u_ptrs = g_ptrs + N * stride_wn  # [BK, BN] or [BN, BK]
-        acc_g = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k in range(k_first, k_last):
-            k_ok = offs_k < K - k * BLOCK_K
-            a = tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
-            b_mask = _grid_and(k_ok, n_ok, SWAP_AB)
-            g = tl.load(g_ptrs, mask=b_mask, other=0.0)
-            u = tl.load(u_ptrs, mask=b_mask, other=0.0)
-            if QUANT == 2:  # 128x128 blocks: scale each K step's partial product
-                xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)  # [BM]
-                ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
-                gs = tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0)  # [BN]
-                us = tl.load(ws + ((N + offs_n) // 128) * stride_wsn, mask=n_ok, other=0.0)
-                acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * _grid_mul(xs, gs, SWAP_AB)
-                acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * _grid_mul(xs, us, SWAP_AB)
-            else:
-                acc_g = _mma(a, g, acc_g, SWAP_AB)
-                acc_u = _mma(a, u, acc_u, SWAP_AB)
-            a_ptrs += BLOCK_K
-            g_ptrs += BLOCK_K
-            u_ptrs += BLOCK_K
-        if QUANT == 1:  # per-token activation scale x per-column weight scale, once
-            xs = tl.load(x_scale_ptr + tok * stride_xsm)  # [BM]
-            ws = w_scale_ptr + expert * stride_wse
-            acc_g *= _grid_mul(xs, tl.load(ws + offs_n * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
-            acc_u *= _grid_mul(xs, tl.load(ws + (N + offs_n) * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
+        w_ptr += expert * stride_we
+        if MERGED:
+            acc_g, acc_u = _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, pid_n,
+                                              offs_k, k_first, k_last, N, K, stride_wn, stride_xsm, stride_xsk,
+                                              stride_wse, stride_wsn, stride_wsk, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
+                                              QUANT)
+        else:
+            acc_g, acc_u = _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, offs_n,
+                                            n_ok, offs_k, k_first, k_last, N, K, stride_wn, stride_xsm, stride_xsk,
+                                            stride_wse, stride_wsn, stride_wsk, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
+                                            QUANT)  # [BM, BN] or [BN, BM] each
 
         slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
         mask = _grid_and(row_ok, n_ok, SWAP_AB)
@@ -258,6 +258,78 @@ def _gemm1_swiglu(
             gu_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
             tl.atomic_add(gu_ptrs, acc_g, mask=mask, sem="relaxed")
             tl.atomic_add(gu_ptrs + N, acc_u, mask=mask, sem="relaxed")
+
+
+@triton.jit
+def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, offs_n, n_ok, offs_k, k_first,
+                     k_last, N, K, stride_wn, stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
+                     QUANT: tl.constexpr):
+    """GEMM1's K steps ``[k_first, k_last)`` of one tile as a gate MMA and an up MMA per step:
+    the gate and up accumulators, [BM, BN] each ([BN, BM] swapped). ``w_ptr`` is the expert's w13."""
+    g_ptrs = w_ptr + _grid(offs_k + k_first * BLOCK_K, offs_n * stride_wn, SWAP_AB)  # [BK, BN] or [BN, BK]
+    u_ptrs = g_ptrs + N * stride_wn
+    acc_g = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_first, k_last):
+        k_ok = offs_k < K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
+        b_mask = _grid_and(k_ok, n_ok, SWAP_AB)
+        g = tl.load(g_ptrs, mask=b_mask, other=0.0)
+        u = tl.load(u_ptrs, mask=b_mask, other=0.0)
+        if QUANT == 2:  # 128x128 blocks: scale each K step's partial product
+            xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)  # [BM]
+            ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
+            gs = tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0)  # [BN]
+            us = tl.load(ws + ((N + offs_n) // 128) * stride_wsn, mask=n_ok, other=0.0)
+            acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * _grid_mul(xs, gs, SWAP_AB)
+            acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * _grid_mul(xs, us, SWAP_AB)
+        else:
+            acc_g = _mma(a, g, acc_g, SWAP_AB)
+            acc_u = _mma(a, u, acc_u, SWAP_AB)
+        a_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+    if QUANT == 1:  # per-token activation scale x per-column weight scale, once
+        xs = tl.load(x_scale_ptr + tok * stride_xsm)  # [BM]
+        ws = w_scale_ptr + expert * stride_wse
+        acc_g *= _grid_mul(xs, tl.load(ws + offs_n * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
+        acc_u *= _grid_mul(xs, tl.load(ws + (N + offs_n) * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
+    return acc_g, acc_u
+
+
+@triton.jit
+def _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, pid_n, offs_k, k_first,
+                       k_last, N, K, stride_wn, stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
+                       QUANT: tl.constexpr):
+    """As ``_gemm1_loop_pair``, with one MMA per K step over a B tile of 2*BLOCK_N weight rows, gate row n
+    and up row n side by side ([BM, BK] x [BK, 2BN], swapped [2BN, BK] x [BK, BM]); the accumulator is
+    parted into gate and up after the loop (``_halves``)."""
+    offs_c = tl.arange(0, 2 * BLOCK_N)
+    col = pid_n * BLOCK_N + offs_c // 2  # [2BN] the column of h each B column feeds
+    w_rows = col + (offs_c % 2) * N  # [2BN] even: gate row, odd: up row
+    c_ok = col < N
+    b_ptrs = w_ptr + _grid(offs_k + k_first * BLOCK_K, w_rows * stride_wn, SWAP_AB)  # [BK, 2BN] or [2BN, BK]
+    acc = tl.zeros((2 * BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+    for k in range(k_first, k_last):
+        k_ok = offs_k < K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
+        b = tl.load(b_ptrs, mask=_grid_and(k_ok, c_ok, SWAP_AB), other=0.0)
+        if QUANT == 2:
+            xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)  # [BM]
+            ws = tl.load(w_scale_ptr + expert * stride_wse + k * stride_wsk + (w_rows // 128) * stride_wsn,
+                         mask=c_ok, other=0.0)  # [2BN]
+            acc += _mma(a, b, tl.zeros_like(acc), SWAP_AB) * _grid_mul(xs, ws, SWAP_AB)
+        else:
+            acc = _mma(a, b, acc, SWAP_AB)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if QUANT == 1:
+        xs = tl.load(x_scale_ptr + tok * stride_xsm)  # [BM]
+        ws = tl.load(w_scale_ptr + expert * stride_wse + w_rows * stride_wsn, mask=c_ok, other=0.0)  # [2BN]
+        acc *= _grid_mul(xs, ws, SWAP_AB)
+    return _halves(acc, BLOCK_M, BLOCK_N, SWAP_AB)
 
 
 @triton.jit
@@ -509,7 +581,7 @@ def fused_moe(
         a1, w13, gu, act_scale[1:] if static else None, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
         T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(0),
         *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split,
-        STATIC_OUT=static_out, ROUND_FIRST=interpreting(), **launch,
+        MERGED=config.gemm1_merged, STATIC_OUT=static_out, ROUND_FIRST=interpreting(), **launch,
     )
     if split > 1 and T:
         _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0),
