@@ -7,6 +7,10 @@ timed twice interleaved with the others, keeping the faster median. First it pri
 ``griddepcontrol`` and ``prefetch.global.L2`` instructions the PTX of both GEMMs holds with "both".
 
     PYTHONPATH=$PWD python3 scripts/ab_session6_pdl.py > rows.jsonl
+
+It ran (results/h200-session6/ab-pdl-prefetch.jsonl) on the kernels of commit 4c3de9f with two module
+switches, ``PDL_LAUNCH`` and ``PREFETCH``, that commit e0f31fe replaced: programmatic dependent launch is
+now tied to ``direct_route`` and the prefetch is gone, so this script no longer runs as it is.
 """
 
 import json
