@@ -102,7 +102,7 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
 
 def _tries_merged(cfg: TileConfig, spec: DtypeSpec) -> bool:
     """Whether to try GEMM1 as one MMA per K step over gate and up rows together (``gemm1_merged``). On an
-    H200 at each point's best config (results/h200-session6) it made the layer 3.6-6.2% faster at the four
+    H200 at each point's best config (results/h200-session6) it cut the layer's time by 3.6-6.3% at the four
     points whose best tile was 128x128 at 8 warps without Swap-AB (Mixtral bf16 M=1024 and 4096, Mixtral
     fp8-tensor and Qwen3 bf16 M=4096); it was even with Swap-AB, even at fp8-block128 and 0.4-2.3% slower
     with 4-warp tiles."""

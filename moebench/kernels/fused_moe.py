@@ -59,17 +59,17 @@ loop is the plain K loop: run with one tile, the walking loop was up to 6% slowe
 
 **GEMM1 as one MMA per K step** (``gemm1_merged``): the B tile holds the gate and up rows of the
 tile's columns side by side ([BK, 2BN]), so each K step is one MMA twice as wide instead of a gate MMA
-and an up MMA; the accumulator is parted after the loop. On an H200 at each point's best config it made
-the layer 3.6-6.2% faster where that tile was 128x128 at 8 warps without Swap-AB, and was even or up to
-2.3% slower elsewhere (``results/h200-session6``), so the tuner tries it for 8-warp tiles only.
+and an up MMA; the accumulator is parted after the loop. On an H200 at each point's best config it cut
+the layer's time by 3.6-6.3% where that tile was 128x128 at 8 warps without Swap-AB, and was even or up
+to 2.3% slower elsewhere (``results/h200-session6``), so the tuner tries it for 8-warp tiles only.
 
 **Programmatic dependent launch** (with ``direct_route``, on sm90): the GEMMs and the split-K activation
 launch are launched as programmatic dependents, so their programs start while the previous launch ends;
 each program reads its slot's expert from ``topk_ids`` (an input), then waits (``gdc_wait``) before
 reading anything a launch of the layer wrote. Every program waits, so a launch never ends before the one
-it follows. On an H200 at each point's best config it made the tile-per-slot decode points 0.3-7.4%
-faster (Qwen3 fp8-block128 M=1 28.5 to 26.4 us, DeepSeek-V3@tp8 M=1 30.0 to 29.0 us), and was within
--1.0% to +1.0% with the align step, so it is used with a tile per slot only. Asking L2 for each program's
+it follows. On an H200 at each point's best config it made six of the seven tile-per-slot decode points
+0.3-7.4% faster, one even (Qwen3 fp8-block128 M=1 28.5 to 26.4 us, DeepSeek-V3@tp8 M=1 30.0 to 29.0 us);
+with the align step it was within 1% either way, so it is used with a tile per slot only. Asking L2 for each program's
 weights before its K loop (``prefetch.global.L2``) made every point 12-60% slower and was dropped
 (``results/h200-session6/ab-pdl-prefetch.jsonl``).
 
