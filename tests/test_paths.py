@@ -202,19 +202,20 @@ def test_direct_route_matches_reference(case, dtype):
 
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs and programmatic dependent launch need a GPU")
-@pytest.mark.parametrize("dtype", ["bf16", "fp8-block128"])
-def test_direct_route_replayed_from_a_cuda_graph_matches_reference(dtype):
-    """With a tile per slot, the GEMMs (and the split-K activation launch) are launched as programmatic
-    dependents on sm90: each program may start before the previous launch ends and waits for it before
-    reading its output. Replayed from a CUDA graph with fresh activations and routing each time, the layer
-    still matches the reference at every replay."""
+@pytest.mark.parametrize("dtype", ["bf16", "fp8-block128", "fp8-tensor"])
+@pytest.mark.parametrize("variant", [{"split_k": 2}, {"atomic_sum": False}])
+def test_direct_route_replayed_from_a_cuda_graph_matches_reference(dtype, variant):
+    """With a tile per slot, every Triton launch of the layer (activation quantization, the GEMMs, the
+    split-K activation, the top-k sum) is a programmatic dependent on sm90: each program may start before
+    the previous launch ends and waits for it before reading its output. Replayed from a CUDA graph with
+    fresh activations and routing each time, the layer still matches the reference at every replay."""
     from moebench.kernels.fused_moe import fused_moe
     from moebench.routing import route
 
     problem = Problem(_shape(64, 512, 256, 8), 2, dtype, seed=11)
     inp = make_inputs(problem, DEVICE, draw=1)
     w = inp.weights
-    cfg = TileConfig(16, 64, 128, 1, 4, 3, swap_ab=True, direct_route=True, split_k=2)
+    cfg = TileConfig(16, 64, 128, 1, 4, 3, swap_ab=True, direct_route=True, **variant)
     out = torch.empty(2, 512, device=DEVICE, dtype=problem.spec.act)
     compiled: list = []
 
@@ -248,9 +249,9 @@ def test_static_scales_quantize_x_once_and_h_in_gemm1(monkeypatch):
 
     calls = []
 
-    def counted(t, scheme, static_scale=None):
+    def counted(t, scheme, static_scale=None, pdl=False):
         calls.append((tuple(t.shape), static_scale is not None))
-        return quantize_act(t, scheme, static_scale)
+        return quantize_act(t, scheme, static_scale, pdl)
 
     monkeypatch.setattr(fm, "quantize_act", counted)
     problem = Problem(_shape(8, 128, 64, 2), 5, "fp8-tensor-static", seed=10)
@@ -274,8 +275,12 @@ def test_block128_split_k_activation_writes_gemm2_fp8_input(config, intermediate
     from moebench.kernels import fused_moe as fm
 
     calls = []
-    monkeypatch.setattr(fm, "quantize_act",
-                        lambda t, scheme, static=None: calls.append(t.shape) or quantize_act(t, scheme, static))
+
+    def counted(t, scheme, static=None, pdl=False):
+        calls.append(t.shape)
+        return quantize_act(t, scheme, static, pdl)
+
+    monkeypatch.setattr(fm, "quantize_act", counted)
     problem = Problem(_shape(4, 512, intermediate, 2), 3, "fp8-block128", seed=9)
     result = check_point(get_path("triton"), problem, make_inputs(problem, DEVICE, draw=1), config)
     assert result.correct, f"rel. error {result.rel_err}"

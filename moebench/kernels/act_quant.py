@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from moebench._interpret import interpreting
+from moebench.kernels import pdl as dependent
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -49,7 +50,9 @@ def to_fp8(v, dtype, ROUND_FIRST: tl.constexpr):
 
 
 @triton.jit
-def _row_amax(x_ptr, amax_ptr, K, stride_x, BLOCK_K: tl.constexpr):
+def _row_amax(x_ptr, amax_ptr, K, stride_x, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:
+        dependent.start(WAIT=True)
     row = tl.program_id(0).to(tl.int64)
     m = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
@@ -62,8 +65,10 @@ def _row_amax(x_ptr, amax_ptr, K, stride_x, BLOCK_K: tl.constexpr):
 @triton.jit(do_not_specialize=["R"])
 def _quantize_rows(x_ptr, q_ptr, amax_ptr, scale_ptr, R, K, stride_x, stride_q,
                    PER_TENSOR: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-                   ROUND_FIRST: tl.constexpr, STATIC: tl.constexpr = False):
+                   ROUND_FIRST: tl.constexpr, STATIC: tl.constexpr = False, PDL: tl.constexpr = False):
     """Row ``program_id`` of x in fp8. STATIC: the scale is read from ``scale_ptr`` (given ahead)."""
+    if PDL:
+        dependent.start(WAIT=True)
     row = tl.program_id(0).to(tl.int64)
     if STATIC:
         scale = tl.load(scale_ptr)
@@ -91,8 +96,10 @@ def _quantize_rows(x_ptr, q_ptr, amax_ptr, scale_ptr, R, K, stride_x, stride_q,
 
 @triton.jit(do_not_specialize=["R"])
 def _quantize_groups(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s, BLOCK_R: tl.constexpr,
-                     GROUP_K: tl.constexpr, ROUND_FIRST: tl.constexpr):
+                     GROUP_K: tl.constexpr, ROUND_FIRST: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (cdiv(R, BLOCK_R), cdiv(K, GROUP_K)): one [BLOCK_R, GROUP_K] tile, one scale per row of it."""
+    if PDL:
+        dependent.start(WAIT=True)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
     g = tl.program_id(1)
     cols = g * GROUP_K + tl.arange(0, GROUP_K)  # [GROUP_K]
@@ -106,12 +113,14 @@ def _quantize_groups(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s
     tl.store(scale_ptr + r64 * stride_s + g, scale, mask=row_ok)
 
 
-def quantize_act(x: torch.Tensor, scheme: str,
-                 static_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_act(x: torch.Tensor, scheme: str, static_scale: torch.Tensor | None = None,
+                 pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, K] (bf16/fp16/fp32) -> (fp8 [R, K], float32 scale shaped as the module doc says).
 
     ``static_scale`` ([1] float32, ``tensor`` only): quantize at this scale, which is returned.
+    ``pdl``: the launches are programmatic dependents (``kernels.pdl``; sm90 only).
     """
+    dep = dict(PDL=pdl, **dependent.launch_kwargs(pdl))
     R, K = x.shape
     assert x.stride(1) == 1
     q = torch.empty(R, K, device=x.device, dtype=FP8)
@@ -121,7 +130,7 @@ def quantize_act(x: torch.Tensor, scheme: str,
             raise ValueError(f"a static activation scale is per tensor, not {scheme!r}")
         if R:
             _quantize_rows[(R,)](x, q, None, static_scale, R, K, x.stride(0), q.stride(0), PER_TENSOR=True,
-                                 BLOCK_K=block_k, BLOCK_R=1024, ROUND_FIRST=interpreting(), STATIC=True)
+                                 BLOCK_K=block_k, BLOCK_R=1024, ROUND_FIRST=interpreting(), STATIC=True, **dep)
         return q, static_scale
     if scheme == "block128":
         groups = triton.cdiv(K, GROUP)
@@ -129,7 +138,7 @@ def quantize_act(x: torch.Tensor, scheme: str,
         if R:
             _quantize_groups[(triton.cdiv(R, GROUP_ROWS), groups)](
                 x, q, scale, R, K, x.stride(0), q.stride(0), scale.stride(0),
-                BLOCK_R=GROUP_ROWS, GROUP_K=GROUP, ROUND_FIRST=interpreting())
+                BLOCK_R=GROUP_ROWS, GROUP_K=GROUP, ROUND_FIRST=interpreting(), **dep)
         return q, scale
     per_tensor = scheme == "tensor"
     if scheme not in ("tensor", "channel"):
@@ -137,7 +146,7 @@ def quantize_act(x: torch.Tensor, scheme: str,
     amax = torch.empty(R, device=x.device, dtype=torch.float32)
     scale = torch.empty(1 if per_tensor else R, device=x.device, dtype=torch.float32)
     if R:
-        _row_amax[(R,)](x, amax, K, x.stride(0), BLOCK_K=block_k)
+        _row_amax[(R,)](x, amax, K, x.stride(0), BLOCK_K=block_k, **dep)
         _quantize_rows[(R,)](x, q, amax, scale, R, K, x.stride(0), q.stride(0), PER_TENSOR=per_tensor,
-                             BLOCK_K=block_k, BLOCK_R=1024, ROUND_FIRST=interpreting())
+                             BLOCK_K=block_k, BLOCK_R=1024, ROUND_FIRST=interpreting(), **dep)
     return q, scale

@@ -63,13 +63,17 @@ and an up MMA; the accumulator is parted after the loop. On an H200 at each poin
 the layer's time by 3.6-6.3% where that tile was 128x128 at 8 warps without Swap-AB, and was even or up
 to 2.3% slower elsewhere (``results/h200-session6``), so the tuner tries it for 8-warp tiles only.
 
-**Programmatic dependent launch** (with ``direct_route``, on sm90): the GEMMs and the split-K activation
-launch are launched as programmatic dependents, so their programs start while the previous launch ends;
-each program reads its slot's expert from ``topk_ids`` (an input), then waits (``gdc_wait``) before
-reading anything a launch of the layer wrote. Every program waits, so a launch never ends before the one
-it follows. On an H200 at each point's best config it made six of the seven tile-per-slot decode points
-0.3-7.4% faster, one even (Qwen3 fp8-block128 M=1 28.5 to 26.4 us, DeepSeek-V3@tp8 M=1 30.0 to 29.0 us);
-with the align step it was within 1% either way, so it is used with a tile per slot only. Asking L2 for each program's
+**Programmatic dependent launch** (with ``direct_route``, on sm90; ``kernels/pdl.py``): every Triton
+launch of the layer (activation quantization, the GEMMs, the split-K activation, the top-k sum) is a
+programmatic dependent, so its programs start while the previous launch ends. A GEMM program reads its
+slot's expert from ``topk_ids`` (an input), then waits (``gdc_wait``) before reading anything a launch
+of the layer wrote; the other launches wait first. Every program waits, so a launch never ends before
+the one it follows. On an H200 at each point's best config, the GEMMs and the split-K activation as
+dependents made six of the seven tile-per-slot decode points 0.3-7.4% faster, one even (Qwen3
+fp8-block128 M=1 28.5 to 26.4 us, DeepSeek-V3@tp8 M=1 30.0 to 29.0 us); with the align step it was
+within 1% either way, so it is used with a tile per slot only. The quantization and sum launches as
+dependents too made all eight tile-per-slot points of the benchmark 0.2-6.7% faster (Qwen3
+fp8-block128 M=4 58.0 to 54.1 us; ``results/h200-session6/ab-pdl-all.jsonl``). Asking L2 for each program's
 weights before its K loop (``prefetch.global.L2``) made every point 12-60% slower and was dropped
 (``results/h200-session6/ab-pdl-prefetch.jsonl``).
 
@@ -92,9 +96,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from moebench._interpret import interpreting
+from moebench.kernels import pdl as dependent
 from moebench.kernels.act_quant import quantize_act, to_fp8
 from moebench.routing import moe_align
 from moebench.tile import TileConfig
@@ -228,10 +233,8 @@ def _gemm1_swiglu(
     ROUND_FIRST: tl.constexpr,
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
-    if PDL:
-        gdc_launch_dependents()
-        if not DIRECT:  # the align's output
-            gdc_wait()
+    if PDL:  # with the align step the expert comes from the previous launches: wait first
+        dependent.start(WAIT=not DIRECT)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
                                       DIRECT)
     if PDL and DIRECT:  # every program waits, so this launch ends after the previous one
@@ -360,8 +363,7 @@ def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, stride_hsm, BLOCK_N: tl.constexpr, QU
     """
     row = tl.program_id(0).to(tl.int64)
     if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+        dependent.start(WAIT=True)
     if QUANT_OUT:
         for n in range(0, N, BLOCK_G * 128):
             groups = n // 128 + tl.arange(0, BLOCK_G)  # [BLOCK_G]
@@ -421,10 +423,8 @@ def _gemm2_combine(
     PDL: tl.constexpr,  # as in _gemm1_swiglu
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0), max_pid_m, N, BLOCK_M, BLOCK_N * N_TILES, GROUP_M)
-    if PDL:
-        gdc_launch_dependents()
-        if not DIRECT:  # the previous launch may have started before the align ended
-            gdc_wait()
+    if PDL:  # with the align step, the previous launch may have started before the align ended
+        dependent.start(WAIT=not DIRECT)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
                                       DIRECT)
     if PDL and DIRECT:
@@ -511,13 +511,16 @@ TOPK_SUM_BLOCK = 1024
 
 
 @triton.jit
-def _topk_sum(rows_ptr, out_ptr, N, stride_r, stride_o, TOPK: tl.constexpr, BLOCK_N: tl.constexpr):
+def _topk_sum(rows_ptr, out_ptr, N, stride_r, stride_o, TOPK: tl.constexpr, BLOCK_N: tl.constexpr,
+              PDL: tl.constexpr):
     """out[m, cols] = sum over j of rows[m * TOPK + j, cols] in float32, for the stored top-k sum.
 
     Grid (M, cdiv(N, BLOCK_N)). It replaces ``torch.sum(rows.view(M, topk, N), dim=1)``, whose
     reduction kernel moved 3.1 TB/s at DeepSeek-V3@tp8 M=4096 (173 us) and took 3.3 us at M=1
     on an H200.
     """
+    if PDL:
+        dependent.start(WAIT=True)
     m = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
@@ -525,11 +528,6 @@ def _topk_sum(rows_ptr, out_ptr, N, stride_r, stride_o, TOPK: tl.constexpr, BLOC
     for j in tl.static_range(TOPK):
         acc += tl.load(rows_ptr + (m * TOPK + j) * stride_r + cols, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
-
-
-def _has_pdl(device: torch.device) -> bool:
-    """Whether launches on ``device`` can be programmatic dependents (sm90 and later, not the interpreter)."""
-    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _launch_args(cfg: TileConfig) -> dict:
@@ -581,13 +579,13 @@ def fused_moe(
     quant = _QUANT[fp8_scheme]
     assert quant != QUANT_BLOCK or config.BLOCK_SIZE_K == 128, "128x128 block scales need BLOCK_SIZE_K = 128"
     per_tensor = fp8_scheme == "tensor"
-    pdl = config.direct_route and _has_pdl(x.device)
-    launch = dict(QUANT=quant, TOPK=topk, PDL=pdl, **_launch_args(config), **({"launch_pdl": True} if pdl else {}))
+    pdl = config.direct_route and dependent.has_pdl(x.device)
+    launch = dict(QUANT=quant, TOPK=topk, PDL=pdl, **_launch_args(config), **dependent.launch_kwargs(pdl))
 
     static = act_scale is not None
     assert not static or fp8_scheme == "tensor", "static activation scales are per tensor"
     a1, a1_scale = (x, None) if quant == QUANT_NONE else quantize_act(
-        x, fp8_scheme, act_scale[:1] if static else None)  # [M, H] fp8
+        x, fp8_scheme, act_scale[:1] if static else None, pdl=pdl)  # [M, H] fp8
     if config.direct_route:  # a tile per slot: topk_ids serves as the tiles' expert ids, no align launch
         ids = topk_ids.reshape(-1)  # [T]
         sorted_ids, expert_ids, num_padded, max_blocks = ids, ids, ids, T
@@ -621,7 +619,7 @@ def fused_moe(
         _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0),
                       BLOCK_N=min(1024, triton.next_power_of_2(I)), QUANT_OUT=quant_out,
                       BLOCK_G=min(8, triton.next_power_of_2(triton.cdiv(I, 128))), ROUND_FIRST=interpreting(),
-                      PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+                      PDL=pdl, **dependent.launch_kwargs(pdl))
 
     if quant_out:
         a2, a2_scale = h, h_scale  # [T, I] fp8, [T, cdiv(I, 128)]
@@ -629,7 +627,7 @@ def fused_moe(
         a2, a2_scale = h, act_scale[1:]  # [T, I] fp8, [1]
     else:
         a2, a2_scale = (h, None) if quant == QUANT_NONE else quantize_act(
-            h, fp8_scheme, act_scale[1:] if static else None)  # [T, I] fp8
+            h, fp8_scheme, act_scale[1:] if static else None, pdl=pdl)  # [T, I] fp8
     if out is None:
         out = torch.empty(M, H, device=x.device, dtype=act_dtype)
     if config.atomic_sum:
@@ -647,7 +645,8 @@ def fused_moe(
         out.copy_(acc)
     elif M:
         block = min(TOPK_SUM_BLOCK, triton.next_power_of_2(H))
-        _topk_sum[(M, triton.cdiv(H, block))](acc, out, H, acc.stride(0), out.stride(0), TOPK=topk, BLOCK_N=block)
+        _topk_sum[(M, triton.cdiv(H, block))](acc, out, H, acc.stride(0), out.stride(0), TOPK=topk, BLOCK_N=block,
+                                              PDL=pdl, **dependent.launch_kwargs(pdl))
     if compiled is not None:
         compiled.extend((k1, k2))
     return out

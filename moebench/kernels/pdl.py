@@ -1,0 +1,33 @@
+"""Programmatic dependent launch (sm90): a launch whose programs may start while the previous launch in
+the stream ends. Each such program must wait (``gdc_wait``) before it reads what an earlier launch wrote
+or writes what one reads; when every program waits, the launch cannot end before the one it follows, so
+the order of the stream holds for the launches after it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from moebench._interpret import interpreting
+
+
+def has_pdl(device: torch.device) -> bool:
+    """Whether launches on ``device`` can be programmatic dependents (sm90 and later, not the interpreter)."""
+    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def launch_kwargs(pdl: bool) -> dict:
+    """The launch options of a kernel launched as a programmatic dependent, or none."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+@triton.jit
+def start(WAIT: tl.constexpr):
+    """A dependent program's first step: let the next launch start, then (``WAIT``) wait for the previous one."""
+    gdc_launch_dependents()
+    if WAIT:
+        gdc_wait()
+
