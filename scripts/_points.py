@@ -22,10 +22,11 @@ from moebench.timing import time_graph
 BENCHMARK_RUN = "results/h200-kernels-bab17e1/*"  # the tuned run whose best configs the A/Bs start from
 
 
-def best_rows(run_glob: str = BENCHMARK_RUN) -> dict[tuple[str, str, int], dict]:
-    """(model, dtype, M) -> the fastest correct triton row over the run folders matching ``run_glob``."""
+def best_rows(*run_globs: str) -> dict[tuple[str, str, int], dict]:
+    """(model, dtype, M) -> the fastest correct triton row over the run folders matching ``run_globs``
+    (BENCHMARK_RUN if none is given)."""
     best: dict[tuple[str, str, int], dict] = {}
-    for folder in sorted(glob(run_glob)):
+    for folder in sorted({f for g in run_globs or (BENCHMARK_RUN,) for f in glob(g)}):
         _, df = load_run(folder)
         ok = df[(df["path"] == "triton") & (df["status"] == "ok") & (df["correct"] == True)]  # noqa: E712
         for r in ok.to_dict("records"):

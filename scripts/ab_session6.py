@@ -25,11 +25,7 @@ RUNS = ["results/h200-kernels-fd59e5b", "results/h200-kernels-0c6f1ed/*/", "resu
         "results/h200-kernels-decode-walk/*/"]
 base = scratch_module("fused_moe_head")
 
-best: dict = {}
-for run in RUNS:
-    for key, row in best_rows(run).items():
-        if key not in best or row["time_us"] < best[key]["time_us"]:
-            best[key] = row
+best = best_rows(*RUNS)
 
 
 def measure(model: str, dtype: str, m: int) -> dict:

@@ -23,11 +23,7 @@ from moebench.tile import TileConfig
 
 RUNS = ["results/h200-kernels-fd59e5b", "results/h200-kernels-0c6f1ed/*/", "results/h200-kernels-cb3a072/*/",
         "results/h200-kernels-decode-walk/*/"]
-best: dict = {}
-for run in RUNS:
-    for key, row in best_rows(run).items():
-        if key not in best or row["time_us"] < best[key]["time_us"]:
-            best[key] = row
+best = best_rows(*RUNS)
 
 
 class Switched:

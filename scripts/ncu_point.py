@@ -14,11 +14,7 @@ import moebench.kernels.fused_moe as kernels
 from moebench.tile import TileConfig
 
 model, dtype, m = sys.argv[1], sys.argv[2], int(sys.argv[3])
-best: dict = {}
-for run_glob in sys.argv[4:]:
-    for key, row in best_rows(run_glob).items():
-        if key not in best or row["time_us"] < best[key]["time_us"]:
-            best[key] = row
+best = best_rows(*sys.argv[4:])
 cfg = TileConfig.from_dict(best[(model, dtype, m)]["config"])
 print(f"{model} {dtype} M={m} config {cfg.as_dict()}")
 _, inp, ref, out = point_setup(model, dtype, m)

@@ -12,11 +12,7 @@ from _points import best_rows, problem_of
 from moebench.profile import kernel_breakdown
 from moebench.tile import TileConfig
 
-best: dict = {}
-for run_glob in sys.argv[1:]:
-    for key, row in best_rows(run_glob).items():
-        if key not in best or row["time_us"] < best[key]["time_us"]:
-            best[key] = row
+best = best_rows(*sys.argv[1:])
 print(f"# moebench profile (PyTorch profiler, eager, L2 flushed; GPU time per kernel per layer, us) of the best "
       f"config of each point under 60% of floor in {' '.join(sys.argv[1:])}")
 for (model, dtype, m), row in sorted(best.items()):
