@@ -638,8 +638,7 @@ def fused_moe(
         a2, w2, acc, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids, num_padded,
         T, max_blocks, H, I, a2.stride(0), w2.stride(0), w2.stride(1), acc.stride(0),
         *_scale_strides(a2_scale, 2, per_tensor), *_scale_strides(w2_scale, 3),
-        ATOMIC_SUM=config.atomic_sum, N_TILES=config.gemm2_n_tiles,
-        **{**launch, "BLOCK_N": config.block_n2},
+        ATOMIC_SUM=config.atomic_sum, N_TILES=config.gemm2_n_tiles, **{**launch, "BLOCK_N": config.block_n2},
     )
     if config.atomic_sum:
         out.copy_(acc)
