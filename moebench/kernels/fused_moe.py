@@ -73,9 +73,9 @@ dependents made six of the seven tile-per-slot decode points 0.3-7.4% faster, on
 fp8-block128 M=1 28.5 to 26.4 us, DeepSeek-V3@tp8 M=1 30.0 to 29.0 us); with the align step it was
 within 1% either way, so it is used with a tile per slot only. The quantization and sum launches as
 dependents too made all eight tile-per-slot points of the benchmark 0.2-6.7% faster (Qwen3
-fp8-block128 M=4 58.0 to 54.1 us; ``results/h200-session6/ab-pdl-all.jsonl``). Asking L2 for each program's
-weights before its K loop (``prefetch.global.L2``) made every point 12-60% slower and was dropped
-(``results/h200-session6/ab-pdl-prefetch.jsonl``).
+fp8-block128 M=4 58.0 to 54.1 us; ``results/h200-session6/ab-pdl-all.jsonl``). Asking L2 for each
+program's weights before its K loop (``prefetch.global.L2``) made every point 14-57% slower (8-57%
+with the dependent launch) and was dropped (``results/h200-session6/ab-pdl-prefetch.jsonl``).
 
 **Split-K** (``split_k``, GEMM1 only): at decode a few experts x column tiles
 leave most of the 132 SMs idle while each program walks the whole hidden
