@@ -69,7 +69,7 @@ class TileConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise UserError(f"tile config: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
-        flags = ("swap_ab", "atomic_sum", "direct_route", "gemm1_merged")
+        flags = {f.name for f in fields(cls) if f.type in ("bool", bool)}
         return cls(**{k: bool(v) if k in flags else int(v) for k, v in d.items()})
 
     @property

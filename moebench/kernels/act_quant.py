@@ -51,8 +51,7 @@ def to_fp8(v, dtype, ROUND_FIRST: tl.constexpr):
 
 @triton.jit
 def _row_amax(x_ptr, amax_ptr, K, stride_x, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:
-        dependent.start(WAIT=True)
+    dependent.start(PDL)
     row = tl.program_id(0).to(tl.int64)
     m = tl.zeros((BLOCK_K,), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
@@ -67,8 +66,7 @@ def _quantize_rows(x_ptr, q_ptr, amax_ptr, scale_ptr, R, K, stride_x, stride_q,
                    PER_TENSOR: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                    ROUND_FIRST: tl.constexpr, STATIC: tl.constexpr = False, PDL: tl.constexpr = False):
     """Row ``program_id`` of x in fp8. STATIC: the scale is read from ``scale_ptr`` (given ahead)."""
-    if PDL:
-        dependent.start(WAIT=True)
+    dependent.start(PDL)
     row = tl.program_id(0).to(tl.int64)
     if STATIC:
         scale = tl.load(scale_ptr)
@@ -98,8 +96,7 @@ def _quantize_rows(x_ptr, q_ptr, amax_ptr, scale_ptr, R, K, stride_x, stride_q,
 def _quantize_groups(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s, BLOCK_R: tl.constexpr,
                      GROUP_K: tl.constexpr, ROUND_FIRST: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (cdiv(R, BLOCK_R), cdiv(K, GROUP_K)): one [BLOCK_R, GROUP_K] tile, one scale per row of it."""
-    if PDL:
-        dependent.start(WAIT=True)
+    dependent.start(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
     g = tl.program_id(1)
     cols = g * GROUP_K + tl.arange(0, GROUP_K)  # [GROUP_K]
@@ -120,7 +117,7 @@ def quantize_act(x: torch.Tensor, scheme: str, static_scale: torch.Tensor | None
     ``static_scale`` ([1] float32, ``tensor`` only): quantize at this scale, which is returned.
     ``pdl``: the launches are programmatic dependents (``kernels.pdl``; sm90 only).
     """
-    dep = dict(PDL=pdl, **dependent.launch_kwargs(pdl))
+    dep = dependent.launch_kwargs(pdl)
     R, K = x.shape
     assert x.stride(1) == 1
     q = torch.empty(R, K, device=x.device, dtype=FP8)

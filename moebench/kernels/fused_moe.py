@@ -96,7 +96,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
 from moebench._interpret import interpreting
 from moebench.kernels import pdl as dependent
@@ -171,7 +170,7 @@ def _tile_coords(pid, max_pid_m, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 
 @triton.jit
 def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M: tl.constexpr,
-                DIRECT: tl.constexpr):
+                DIRECT: tl.constexpr, PDL: tl.constexpr):
     """The row tile's slot ids [BLOCK_M], its expert, and whether it lies within the used length.
 
     The three loads are independent, so they are in flight together. The used length was loaded
@@ -181,11 +180,17 @@ def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots
 
     ``DIRECT`` (no align step): row tile ``pid_m`` is token slot ``pid_m`` alone, in its first row,
     and ``expert_ids_ptr`` is ``topk_ids`` flattened ``[T]``.
+
+    ``PDL`` (a dependent launch, ``kernels/pdl.py``): the align's output comes from earlier launches, so
+    the program waits before loading it; ``topk_ids`` is an input of the layer, so with ``DIRECT`` the
+    expert is loaded first and the program waits after. Every program waits either way.
     """
+    dependent.start(PDL, WAIT=not DIRECT)
     if DIRECT:
         valid = pid_m < num_slots
         slot = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_slots)  # [BLOCK_M]; one real row
         expert = tl.load(expert_ids_ptr + pid_m, mask=valid, other=0).to(tl.int64)
+        dependent.wait(PDL)
     else:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         slot = tl.load(sorted_ids_ptr + offs_m)  # [BLOCK_M]; within the grid's bound, so never past the end
@@ -233,12 +238,8 @@ def _gemm1_swiglu(
     ROUND_FIRST: tl.constexpr,
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
-    if PDL:  # with the align step the expert comes from the previous launches: wait first
-        dependent.start(WAIT=not DIRECT)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
-                                      DIRECT)
-    if PDL and DIRECT:  # every program waits, so this launch ends after the previous one
-        gdc_wait()
+                                      DIRECT, PDL)
     if valid:
         row_ok = slot < num_slots
         tok = tl.where(row_ok, slot // TOPK, 0).to(tl.int64)
@@ -362,8 +363,7 @@ def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, stride_hsm, BLOCK_N: tl.constexpr, QU
     input, with no quantization launch of its own), BLOCK_G groups at a time as one [BLOCK_G, 128] tile.
     """
     row = tl.program_id(0).to(tl.int64)
-    if PDL:
-        dependent.start(WAIT=True)
+    dependent.start(PDL)
     if QUANT_OUT:
         for n in range(0, N, BLOCK_G * 128):
             groups = n // 128 + tl.arange(0, BLOCK_G)  # [BLOCK_G]
@@ -423,12 +423,8 @@ def _gemm2_combine(
     PDL: tl.constexpr,  # as in _gemm1_swiglu
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0), max_pid_m, N, BLOCK_M, BLOCK_N * N_TILES, GROUP_M)
-    if PDL:  # with the align step, the previous launch may have started before the align ended
-        dependent.start(WAIT=not DIRECT)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
-                                      DIRECT)
-    if PDL and DIRECT:
-        gdc_wait()
+                                      DIRECT, PDL)
     if valid:
         row_ok = slot < num_slots
         slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
@@ -519,8 +515,7 @@ def _topk_sum(rows_ptr, out_ptr, N, stride_r, stride_o, TOPK: tl.constexpr, BLOC
     reduction kernel moved 3.1 TB/s at DeepSeek-V3@tp8 M=4096 (173 us) and took 3.3 us at M=1
     on an H200.
     """
-    if PDL:
-        dependent.start(WAIT=True)
+    dependent.start(PDL)
     m = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = cols < N
@@ -580,7 +575,7 @@ def fused_moe(
     assert quant != QUANT_BLOCK or config.BLOCK_SIZE_K == 128, "128x128 block scales need BLOCK_SIZE_K = 128"
     per_tensor = fp8_scheme == "tensor"
     pdl = config.direct_route and dependent.has_pdl(x.device)
-    launch = dict(QUANT=quant, TOPK=topk, PDL=pdl, **_launch_args(config), **dependent.launch_kwargs(pdl))
+    launch = dict(QUANT=quant, TOPK=topk, **_launch_args(config), **dependent.launch_kwargs(pdl))
 
     static = act_scale is not None
     assert not static or fp8_scheme == "tensor", "static activation scales are per tensor"
@@ -619,7 +614,7 @@ def fused_moe(
         _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0),
                       BLOCK_N=min(1024, triton.next_power_of_2(I)), QUANT_OUT=quant_out,
                       BLOCK_G=min(8, triton.next_power_of_2(triton.cdiv(I, 128))), ROUND_FIRST=interpreting(),
-                      PDL=pdl, **dependent.launch_kwargs(pdl))
+                      **dependent.launch_kwargs(pdl))
 
     if quant_out:
         a2, a2_scale = h, h_scale  # [T, I] fp8, [T, cdiv(I, 128)]
@@ -645,7 +640,7 @@ def fused_moe(
     elif M:
         block = min(TOPK_SUM_BLOCK, triton.next_power_of_2(H))
         _topk_sum[(M, triton.cdiv(H, block))](acc, out, H, acc.stride(0), out.stride(0), TOPK=topk, BLOCK_N=block,
-                                              PDL=pdl, **dependent.launch_kwargs(pdl))
+                                              **dependent.launch_kwargs(pdl))
     if compiled is not None:
         compiled.extend((k1, k2))
     return out

@@ -20,14 +20,23 @@ def has_pdl(device: torch.device) -> bool:
 
 
 def launch_kwargs(pdl: bool) -> dict:
-    """The launch options of a kernel launched as a programmatic dependent, or none."""
-    return {"launch_pdl": True} if pdl else {}
+    """A kernel's ``PDL`` constexpr and, where true, the launch option that makes it a dependent."""
+    return {"PDL": True, "launch_pdl": True} if pdl else {"PDL": False}
 
 
 @triton.jit
-def start(WAIT: tl.constexpr):
-    """A dependent program's first step: let the next launch start, then (``WAIT``) wait for the previous one."""
-    gdc_launch_dependents()
-    if WAIT:
+def start(PDL: tl.constexpr, WAIT: tl.constexpr = True):
+    """A program's first step: if launched as a dependent (``PDL``), let the next launch start, then
+    (``WAIT``) wait for the previous one."""
+    if PDL:
+        gdc_launch_dependents()
+        if WAIT:
+            gdc_wait()
+
+
+@triton.jit
+def wait(PDL: tl.constexpr):
+    """If launched as a dependent, wait for the previous launch (after a ``start`` without ``WAIT``)."""
+    if PDL:
         gdc_wait()
 
