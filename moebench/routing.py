@@ -18,8 +18,9 @@ unwritten, the reference fills ``T`` and ``-1``).
 the token count is a ``do_not_specialize`` argument, so it can be captured in a CUDA graph
 and a changing number of tokens never recompiles. Up to ``ONE_PROGRAM_SLOTS`` slots and 32
 experts it is one launch of one program (at decode each launch in the layer costs a few
-microseconds); otherwise two launches (count, then scatter) with a program per expert and
-segment of ``ALIGN_SEGMENT`` slots.
+microseconds); otherwise two launches (count, then scatter), each a program per segment of
+``ALIGN_SEGMENT`` slots: the scatter sorts its segment by (expert, slot), so the work is
+O(T log T) whatever the number of experts.
 ``moe_align_reference`` is plain PyTorch and gives the same tensors.
 """
 
@@ -43,11 +44,14 @@ ZIPF_EXPONENT = 1.0
 # Kernel arguments that carry a token count: never specialized, so no recompile when M changes.
 TOKEN_COUNT_ARGS = ("num_slots",)
 
-_BLOCK_T = 1024  # slots scanned per loop step
-# Slots per segment of the two-launch align: program (expert, segment) scans one segment. With one
-# program per expert scanning all slots, the align took 53-58 us of a layer at M=4096, top-8.
-ALIGN_SEGMENT = 2048
-_BLOCK_B = 256  # expert_ids entries written per loop step
+# Slots per segment of the two-launch align (a power of two): a program per segment counts its slots
+# per expert, then sorts them by expert. On an H200 (graph replay, results/h200-session7/ab-align.jsonl)
+# this align took 8.3-14.3 us from 128 to 32768 slots at E = 128-256 with segments of 256 slots, against
+# 8.3-46.4 us for the align it replaced (a program per expert and segment, each scanning the segment for
+# its expert: work O(E * T)); 512-slot segments were 1.2-1.5 us faster at 32768 slots, 0.5-1.6 us slower
+# up to 2048.
+ALIGN_SEGMENT = 256
+_BLOCK_S = 16  # segments' counts read per loop step
 # Up to this many slots and experts the align step is one program over a [128, <=32] one-hot tile.
 # On an H200 (graph replay, M=1) it saved 3.3 us of Mixtral's 126 us (E=8), but at E=128/256 its
 # [128, 256] tile made the layer 3-10 us slower than the two launches, so wide models keep those.
@@ -158,28 +162,53 @@ def _empty_result(T: int, num_experts: int, block_m: int, device: torch.device) 
     )
 
 
-@triton.jit(do_not_specialize=TOKEN_COUNT_ARGS + ("num_segments",))
+@triton.jit
+def _compare_exchange(x, N: tl.constexpr, STAGE: tl.constexpr, S: tl.constexpr):
+    """One step of the bitonic network: x[i] and x[i + S] ordered, ascending or descending by run."""
+    R: tl.constexpr = N // (2 * S)
+    a, b = tl.split(tl.permute(tl.reshape(x, (R, 2, S)), (0, 2, 1)))  # [R, S] each
+    down = ((tl.arange(0, R) * (2 * S)) & (1 << STAGE)) != 0  # [R]: pairs in a descending run
+    lo, hi = tl.minimum(a, b), tl.maximum(a, b)
+    pair = tl.join(tl.where(down[:, None], hi, lo), tl.where(down[:, None], lo, hi))  # [R, S, 2]
+    return tl.reshape(tl.permute(pair, (0, 2, 1)), (N,))
+
+
+@triton.jit
+def _bitonic_sort(x, N: tl.constexpr, LOG_N: tl.constexpr):
+    """x [N] in ascending order, N = 2 ** LOG_N: a bitonic network, each compare-exchange step written
+    as reshape, split and join (``tl.sort`` does the same on the GPU, but its xor-reduction form took
+    10 s for 1024 keys under the Triton interpreter, this 0.1 s)."""
+    for stage in tl.static_range(1, LOG_N + 1):  # merge sorted runs of 2**(stage-1) into runs of 2**stage
+        for sub in tl.static_range(stage):
+            x = _compare_exchange(x, N, stage, 1 << (stage - 1 - sub))
+    return x
+
+
+@triton.jit
+def _segment_experts(ids_ptr, g, num_slots, num_experts, SEGMENT: tl.constexpr):
+    """Slot ids [SEGMENT] of segment ``g`` and their experts [SEGMENT] int32, with ``num_experts`` (a bin
+    no expert uses) for slots past the end and for ids outside [0, num_experts)."""
+    slots = g * SEGMENT + tl.arange(0, SEGMENT)
+    ids = tl.load(ids_ptr + slots, mask=slots < num_slots, other=-1)
+    ok = (ids >= 0) & (ids < num_experts)
+    return slots, tl.where(ok, ids, num_experts).to(tl.int32)
+
+
+@triton.jit(do_not_specialize=TOKEN_COUNT_ARGS)
 def _count_kernel(
     ids_ptr,  # [T] int32 or int64: expert of each slot
     counts_ptr,  # [S, E] int32, out: slots per (segment, expert)
     num_slots,  # T = M * topk
-    num_segments,  # S = cdiv(T, segment)
     num_experts,  # E
-    segment,  # slots per segment
-    BLOCK_T: tl.constexpr,
+    SEGMENT: tl.constexpr,  # slots per segment
+    BLOCK_E: tl.constexpr,  # next power of two > E (bin E holds the slots of no expert)
 ):
-    """Grid (E, S): program (e, g) counts the slots of segment g routed to expert e."""
-    e = tl.program_id(0)
-    g = tl.program_id(1)
-    first = g * segment
-    end = tl.minimum(first + segment, num_slots)
-    offs = tl.arange(0, BLOCK_T)
-    acc = tl.zeros([BLOCK_T], dtype=tl.int32)
-    for start in range(first, end, BLOCK_T):
-        s = start + offs  # [BLOCK_T]
-        ids = tl.load(ids_ptr + s, mask=s < end, other=-1)
-        acc += (ids == e).to(tl.int32)
-    tl.store(counts_ptr + g * num_experts + e, tl.sum(acc, axis=0))
+    """Grid (S,): program g counts the slots of segment g per expert."""
+    g = tl.program_id(0)
+    _, experts = _segment_experts(ids_ptr, g, num_slots, num_experts, SEGMENT)
+    counts = tl.histogram(experts, BLOCK_E)  # [BLOCK_E]
+    offs_e = tl.arange(0, BLOCK_E)
+    tl.store(counts_ptr + g * num_experts + offs_e, counts, mask=offs_e < num_experts)
 
 
 @triton.jit(do_not_specialize=TOKEN_COUNT_ARGS + ("num_segments",))
@@ -192,22 +221,20 @@ def _scatter_kernel(
     num_slots,  # T = M * topk, also the padding sentinel
     num_segments,  # S
     num_experts,  # E
-    segment,  # slots per segment
     BLOCK_M: tl.constexpr,  # tile height the groups are padded to
     PAD_M: tl.constexpr,  # next power of two >= BLOCK_M
-    BLOCK_E: tl.constexpr,  # next power of two >= E
+    SEGMENT: tl.constexpr,
+    LOG_SEGMENT: tl.constexpr,
+    BLOCK_E: tl.constexpr,  # next power of two > E
     BLOCK_S: tl.constexpr,  # segments' counts read per loop step
-    BLOCK_T: tl.constexpr,
-    BLOCK_B: tl.constexpr,
+    BLOCK_C: tl.constexpr,  # experts whose padding tails one step writes (a power of two <= BLOCK_E)
 ):
-    """Grid (E, S): program (e, g) writes expert e's slots of segment g into e's group of sorted_ids;
-    the g = 0 programs also write their group's padding tail and blocks of expert_ids."""
-    e = tl.program_id(0)
-    g = tl.program_id(1)
+    """Grid (S,): program g writes segment g's slots into their experts' groups of sorted_ids, the
+    expert_ids of the blocks they start, and the padding tails of experts g * BLOCK_C... (every S-th chunk)."""
+    g = tl.program_id(0)
 
-    # Slots per expert (all segments), and expert e's slots in the segments before g.
+    # Slots per expert (all segments), and each expert's slots in the segments before g.
     offs_e = tl.arange(0, BLOCK_E)
-    mine = offs_e == e
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
     before = tl.zeros([BLOCK_E], dtype=tl.int32)
     for sb in range(0, num_segments, BLOCK_S):
@@ -216,41 +243,37 @@ def _scatter_kernel(
         tile = tl.load(counts_ptr + rows[:, None] * num_experts + offs_e[None, :], mask=ok, other=0)
         counts += tl.sum(tile, axis=0)
         before += tl.sum(tl.where((rows < g)[:, None], tile, 0), axis=0)
-    # Where expert e's group starts: exclusive prefix sum of the padded counts.
+    # Where each expert's group starts: exclusive prefix sum of the padded counts.
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M  # [BLOCK_E]
     starts = tl.cumsum(padded, axis=0) - padded  # [BLOCK_E]
-    start_e = tl.sum(tl.where(mine, starts, 0), axis=0)
-    count_e = tl.sum(tl.where(mine, counts, 0), axis=0)
-    padded_e = tl.sum(tl.where(mine, padded, 0), axis=0)
-    if e == 0 and g == 0:
+    if g == 0:
         tl.store(num_padded_ptr, tl.sum(padded, axis=0))
 
-    # Segment g's slot ids of expert e, in ascending order, after those of earlier segments.
-    offs_t = tl.arange(0, BLOCK_T)
-    written = tl.sum(tl.where(mine, before, 0), axis=0)
-    first = g * segment
-    end = tl.minimum(first + segment, num_slots)
-    for start in range(first, end, BLOCK_T):
-        s = start + offs_t  # [BLOCK_T]
-        ids = tl.load(ids_ptr + s, mask=s < end, other=-1)
-        hit = (ids == e).to(tl.int32)  # [BLOCK_T]
-        pos = start_e + written + tl.cumsum(hit, axis=0) - 1  # [BLOCK_T]
-        tl.store(sorted_ids_ptr + pos, s.to(tl.int32), mask=hit != 0)
-        written += tl.sum(hit, axis=0)
+    # The segment sorted by (expert, slot): the slot at sorted position p is the (p - first[e])-th of
+    # its expert e in the segment, where first[e] counts the segment's slots of lower experts, so it
+    # goes to e's group start plus the slots of e in earlier segments plus that rank.
+    slots, experts = _segment_experts(ids_ptr, g, num_slots, num_experts, SEGMENT)
+    in_segment = tl.histogram(experts, BLOCK_E)  # [BLOCK_E]
+    first = tl.cumsum(in_segment, axis=0) - in_segment  # [BLOCK_E]
+    keys = _bitonic_sort(experts * SEGMENT + (slots - g * SEGMENT), SEGMENT, LOG_SEGMENT)  # [SEGMENT]
+    expert = keys // SEGMENT
+    pos = tl.gather(starts + before - first, expert, 0) + tl.arange(0, SEGMENT)  # [SEGMENT]
+    real = expert < num_experts
+    tl.store(sorted_ids_ptr + pos, g * SEGMENT + keys % SEGMENT, mask=real)
+    # A group pads with fewer than BLOCK_M entries, so every block starts with a real slot: that slot's
+    # program writes the block's expert.
+    tl.store(expert_ids_ptr + pos // BLOCK_M, expert, mask=real & (pos % BLOCK_M == 0))
 
-    if g == 0:
-        # The padding tail of the group (fewer than BLOCK_M entries).
-        offs_p = tl.arange(0, PAD_M)
-        sentinel = tl.zeros([PAD_M], dtype=tl.int32) + num_slots
-        tl.store(sorted_ids_ptr + start_e + count_e + offs_p, sentinel, mask=offs_p < padded_e - count_e)
-
-        # The group's blocks of expert_ids.
-        offs_b = tl.arange(0, BLOCK_B)
-        first_block = start_e // BLOCK_M
-        n_blocks = padded_e // BLOCK_M
-        expert = tl.zeros([BLOCK_B], dtype=tl.int32) + e
-        for b in range(0, n_blocks, BLOCK_B):
-            tl.store(expert_ids_ptr + first_block + b + offs_b, expert, mask=b + offs_b < n_blocks)
+    # The padding tails (fewer than BLOCK_M entries each) of experts [e0, e0 + BLOCK_C), e0 = g * BLOCK_C,
+    # (g + S) * BLOCK_C, ...
+    offs_p = tl.arange(0, PAD_M)
+    for e0 in range(g * BLOCK_C, num_experts, num_segments * BLOCK_C):
+        chunk = e0 + tl.arange(0, BLOCK_C)  # [BLOCK_C], within BLOCK_E
+        used = tl.gather(starts, chunk, 0) + tl.gather(counts, chunk, 0)  # [BLOCK_C] where the tail starts
+        tail = tl.gather(padded - counts, chunk, 0)  # [BLOCK_C]
+        ok = (chunk < num_experts)[:, None] & (offs_p[None, :] < tail[:, None])
+        tl.store(sorted_ids_ptr + used[:, None] + offs_p[None, :], tl.zeros([BLOCK_C, PAD_M], tl.int32) + num_slots,
+                 mask=ok)
 
 
 @triton.jit(do_not_specialize=TOKEN_COUNT_ARGS)
@@ -324,12 +347,14 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_progra
         )
         return out
     segments = triton.cdiv(T, ALIGN_SEGMENT)
+    block_e = triton.next_power_of_2(num_experts + 1)
     counts = torch.empty(segments, num_experts, dtype=torch.int32, device=dev)  # [S, E]
-    _count_kernel[(num_experts, segments)](ids, counts, T, segments, num_experts, ALIGN_SEGMENT, BLOCK_T=_BLOCK_T)
-    _scatter_kernel[(num_experts, segments)](
-        ids, counts, out.sorted_ids, out.expert_ids, out.num_padded, T, segments, num_experts, ALIGN_SEGMENT,
-        BLOCK_M=block_m, PAD_M=triton.next_power_of_2(block_m), BLOCK_E=triton.next_power_of_2(num_experts),
-        BLOCK_S=16, BLOCK_T=_BLOCK_T, BLOCK_B=_BLOCK_B,
+    _count_kernel[(segments,)](ids, counts, T, num_experts, SEGMENT=ALIGN_SEGMENT, BLOCK_E=block_e)
+    _scatter_kernel[(segments,)](
+        ids, counts, out.sorted_ids, out.expert_ids, out.num_padded, T, segments, num_experts, BLOCK_M=block_m,
+        PAD_M=triton.next_power_of_2(block_m), SEGMENT=ALIGN_SEGMENT,
+        LOG_SEGMENT=ALIGN_SEGMENT.bit_length() - 1, BLOCK_E=block_e, BLOCK_S=_BLOCK_S,
+        BLOCK_C=min(64, block_e),
     )
     return out
 

@@ -259,20 +259,33 @@ def test_both_align_kernels_on_decode_sized_cases(case, one_program):
 
 @pytest.mark.parametrize("case, segment", [
     ((20, 2, 7, 16), 2),  # 20 segments: more than the scatter reads per step
-    ((20, 2, 7, 16), 3),  # a short last segment; segments shorter than most groups
-    ((4, 2, 64, 16), 3),  # most experts have no slots in any segment
-    ((300, 8, 64, 16), 1000),  # segments longer than one scan step (1024 slots), not a multiple of it
-    ((300, 8, 64, 32), 512),
+    ((20, 2, 7, 16), 16),  # a short last segment; segments shorter than most groups
+    ((4, 2, 64, 16), 4),  # most experts have no slots in any segment
+    ((300, 8, 64, 16), 512),  # several segments of many slots each, the last one short
+    ((300, 8, 64, 32), 64),
 ])
 def test_two_launch_align_over_several_segments(case, segment, monkeypatch):
-    """The two-launch align splits the slots into segments (a program per expert and segment); any
-    segment length gives the definition's result, slots ascending across segment boundaries."""
+    """The two-launch align splits the slots into segments (a program per segment sorts its slots by
+    expert); any segment length gives the definition's result, slots ascending across segment boundaries."""
     monkeypatch.setattr(routing, "ALIGN_SEGMENT", segment)
     M, topk, E, block_m = case
     ids = _router_ids(M, topk, E, seed=sum(case))
     got = _align_on_device(ids, E, block_m, one_program=False)
     _check_definition(got, ids, E, block_m)
     _assert_same_used(got, moe_align_reference(ids, E, block_m), block_m)
+
+
+@pytest.mark.parametrize("one_program", [True, False])
+def test_moe_align_drops_ids_outside_the_experts(one_program):
+    """A slot whose id is not in [0, E) is in no group: both kernels agree with the reference, which
+    groups only the slots of experts 0..E-1."""
+    ids = _router_ids(12, 2, 6, seed=5)  # [M, topk]
+    ids[0, 0], ids[3, 1], ids[7, 0] = -1, 6, 1000
+    got, ref = _align_on_device(ids, 6, 16, one_program=one_program), moe_align_reference(ids, 6, 16)
+    n = int(ref.num_padded.item())
+    assert n == 16 * sum(math.ceil(int((ids == e).sum()) / 16) for e in range(6))
+    assert not torch.isin(torch.tensor([0, 7, 14]), ref.sorted_ids[:n]).any()  # the three slots dropped
+    _assert_same_used(got, ref, 16)
 
 
 def test_one_program_align_refuses_what_does_not_fit():

@@ -80,9 +80,11 @@ with the dependent launch) and was dropped (``results/h200-session6/ab-pdl-prefe
 **Split-K** (``split_k``, GEMM1 only): at decode a few experts x column tiles
 leave most of the 132 SMs idle while each program walks the whole hidden
 dimension (measured: DeepSeek-V3@tp8 at M=1, 64 programs, 1.1 TB/s). With
-``split_k`` > 1 each program takes a share of the K steps and adds its gate and
-up partial sums into a float32 ``[T, 2I]`` buffer; a small ``_swiglu`` launch
-then applies the activation (the only place the fused epilogue is given up). For fp8-block128 that
+``split_k`` > 1 each program takes a share of the K steps and stores its gate and
+up partial sums in its split's float32 ``[T, 2I]`` slice of a ``[split_k, T, 2I]``
+buffer; a small ``_swiglu`` launch then adds the splits' partials and applies the
+activation (the only place the fused epilogue is given up). Stored partials need no
+zeroing launch and no atomics, and sum in a fixed order. For fp8-block128 that
 launch also writes GEMM2's fp8 input and group scales, so h needs no quantization launch.
 
 Token counts are never compile-time constants: ``num_slots`` is declared
@@ -199,11 +201,11 @@ def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots
     return slot, expert, valid
 
 
-@triton.jit(do_not_specialize=["num_slots", "max_pid_m"])
+@triton.jit(do_not_specialize=["num_slots", "max_pid_m", "stride_split"])
 def _gemm1_swiglu(
     x_ptr,  # [M, K] activations (fp8 when QUANT)
     w_ptr,  # [E, 2N, K] gate rows then up rows
-    h_ptr,  # [T, N] output activation, row = token slot; SPLIT_K > 1: [T, 2N] float32 zeroed, gate|up sums
+    h_ptr,  # [T, N] output activation, row = token slot; SPLIT_K > 1: [SPLIT_K, T, 2N] float32, gate|up partials
     h_scale_ptr,  # STATIC_OUT: [1] float32, the static scale fp8 h is written at
     x_scale_ptr,  # QUANT 1: [M] (stride 0 for one tensor scale); QUANT 2: [M, cdiv(K, 128)]
     w_scale_ptr,  # QUANT 1: [E, 2N] (stride 0 per tensor); QUANT 2: [E, cdiv(2N, 128), cdiv(K, 128)]
@@ -218,6 +220,7 @@ def _gemm1_swiglu(
     stride_we,
     stride_wn,
     stride_hm,
+    stride_split,  # SPLIT_K > 1: elements between the splits' [T, 2N] slices (T * 2N)
     stride_xsm,
     stride_xsk,
     stride_wse,
@@ -276,10 +279,11 @@ def _gemm1_swiglu(
                 tl.store(h_ptrs, to_fp8(h, h_ptr.dtype.element_ty, ROUND_FIRST), mask=mask)
             else:
                 tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask)
-        else:  # partial sums; _swiglu applies the activation once every split has added its share
-            gu_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
-            tl.atomic_add(gu_ptrs, acc_g, mask=mask, sem="relaxed")
-            tl.atomic_add(gu_ptrs + N, acc_u, mask=mask, sem="relaxed")
+        else:  # this split's partial sums; _swiglu adds the splits' and applies the activation
+            split = (tl.program_id(0) % SPLIT_K).to(tl.int64)
+            gu_ptrs = h_ptr + split * stride_split + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
+            tl.store(gu_ptrs, acc_g, mask=mask)
+            tl.store(gu_ptrs + N, acc_u, mask=mask)
 
 
 @triton.jit
@@ -355,9 +359,19 @@ def _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row
 
 
 @triton.jit
-def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, stride_hsm, BLOCK_N: tl.constexpr, QUANT_OUT: tl.constexpr,
-            BLOCK_G: tl.constexpr, ROUND_FIRST: tl.constexpr, PDL: tl.constexpr):
-    """h[r] = silu(gu[r, :N]) * gu[r, N:] for one row r per program (after a split-K GEMM1).
+def _split_sum(gu_ptr, offs, ok, stride_split, SPLIT_K: tl.constexpr):
+    """The splits' partials at ``offs`` of one [T, 2N] slice, added in split order."""
+    acc = tl.load(gu_ptr + offs, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(gu_ptr + s * stride_split + offs, mask=ok, other=0.0)
+    return acc
+
+
+@triton.jit(do_not_specialize=["stride_split"])
+def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, stride_hsm, stride_split, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
+            QUANT_OUT: tl.constexpr, BLOCK_G: tl.constexpr, ROUND_FIRST: tl.constexpr, PDL: tl.constexpr):
+    """h[r] = silu(gate) * up for one row r per program after a split-K GEMM1, where gate and up are the
+    sums over the SPLIT_K slices of ``gu`` [SPLIT_K, T, 2N] of its row's [:N] and [N:].
 
     With ``QUANT_OUT`` h is written as fp8 with one scale per 1x128 group (GEMM2's fp8-block128
     input, with no quantization launch of its own), BLOCK_G groups at a time as one [BLOCK_G, 128] tile.
@@ -369,8 +383,8 @@ def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, stride_hsm, BLOCK_N: tl.constexpr, QU
             groups = n // 128 + tl.arange(0, BLOCK_G)  # [BLOCK_G]
             offs = groups[:, None] * 128 + tl.arange(0, 128)[None, :]  # [BLOCK_G, 128]
             ok = offs < N
-            g = tl.load(gu_ptr + row * 2 * N + offs, mask=ok, other=0.0)
-            u = tl.load(gu_ptr + row * 2 * N + N + offs, mask=ok, other=0.0)
+            g = _split_sum(gu_ptr, row * 2 * N + offs, ok, stride_split, SPLIT_K)
+            u = _split_sum(gu_ptr, row * 2 * N + N + offs, ok, stride_split, SPLIT_K)
             h = g * tl.sigmoid(g) * u
             scale = tl.maximum(tl.max(tl.abs(h), axis=1), 1e-12) / 448.0  # [BLOCK_G]
             q = to_fp8(tl.minimum(tl.maximum(h / scale[:, None], -448.0), 448.0), h_ptr.dtype.element_ty,
@@ -381,8 +395,8 @@ def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, stride_hsm, BLOCK_N: tl.constexpr, QU
         for n in range(0, N, BLOCK_N):
             offs = n + tl.arange(0, BLOCK_N)
             ok = offs < N
-            g = tl.load(gu_ptr + row * 2 * N + offs, mask=ok, other=0.0)
-            u = tl.load(gu_ptr + row * 2 * N + N + offs, mask=ok, other=0.0)
+            g = _split_sum(gu_ptr, row * 2 * N + offs, ok, stride_split, SPLIT_K)
+            u = _split_sum(gu_ptr, row * 2 * N + N + offs, ok, stride_split, SPLIT_K)
             tl.store(h_ptr + row * N + offs, (g * tl.sigmoid(g) * u).to(h_ptr.dtype.element_ty), mask=ok)
 
 
@@ -589,29 +603,27 @@ def fused_moe(
         sorted_ids, expert_ids, num_padded = align.sorted_ids, align.expert_ids, align.num_padded
         max_blocks = expert_ids.numel()  # the grid's upper bound on tiles along the slots
 
-    # The float32 buffers that atomics add into, zeroed by one launch: GEMM1's split-K partial
-    # sums [T, 2I] and GEMM2's top-k sums [M, H].
-    split = config.split_k
-    n_gu = T * 2 * I if split > 1 else 0
-    n_acc = M * H if config.atomic_sum else 0
-    zeroed = torch.zeros(n_gu + n_acc, device=x.device, dtype=torch.float32)
+    # GEMM2's float32 top-k sums [M, H], which its atomics add into, zeroed (one launch).
+    acc = torch.zeros(M, H, device=x.device, dtype=torch.float32) if config.atomic_sum else None
 
     # fp8-block128 after a split-K GEMM1: the _swiglu launch writes GEMM2's fp8 input and group scales.
     # Static scales without split-K: GEMM1's epilogue writes it.
+    split = config.split_k
     quant_out = quant == QUANT_BLOCK and split > 1
     static_out = static and split == 1
     act_dtype = x.dtype
     h = torch.empty(T, I, device=x.device, dtype=a1.dtype if quant_out or static_out else act_dtype)  # [T, I]
     h_scale = torch.empty(T, triton.cdiv(I, 128), device=x.device, dtype=torch.float32) if quant_out else None
-    gu = h if split == 1 else zeroed[:n_gu].view(T, 2 * I)  # [T, 2I]
+    # Split-K: each split's gate|up partial sums, every entry written by GEMM1 (so not zeroed).
+    gu = h if split == 1 else torch.empty(split, T, 2 * I, device=x.device, dtype=torch.float32)  # [split, T, 2I]
     k1 = _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N) * split,)](
         a1, w13, gu, act_scale[1:] if static else None, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
-        T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(0),
+        T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2), T * 2 * I,
         *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split,
         MERGED=config.gemm1_merged, STATIC_OUT=static_out, ROUND_FIRST=interpreting(), **launch,
     )
     if split > 1 and T:
-        _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0),
+        _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0), T * 2 * I, SPLIT_K=split,
                       BLOCK_N=min(1024, triton.next_power_of_2(I)), QUANT_OUT=quant_out,
                       BLOCK_G=min(8, triton.next_power_of_2(triton.cdiv(I, 128))), ROUND_FIRST=interpreting(),
                       **dependent.launch_kwargs(pdl))
@@ -625,9 +637,7 @@ def fused_moe(
             h, fp8_scheme, act_scale[1:] if static else None, pdl=pdl)  # [T, I] fp8
     if out is None:
         out = torch.empty(M, H, device=x.device, dtype=act_dtype)
-    if config.atomic_sum:
-        acc = zeroed[n_gu:].view(M, H)  # [M, H] float32
-    else:
+    if not config.atomic_sum:
         acc = torch.empty(T, H, device=x.device, dtype=act_dtype)  # [T, H], row = slot
     k2 = _gemm2_combine[(max_blocks * triton.cdiv(H, config.block_n2 * config.gemm2_n_tiles),)](
         a2, w2, acc, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids, num_padded,
