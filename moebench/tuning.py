@@ -74,7 +74,8 @@ def _for_dtype(base: TileConfig, spec: DtypeSpec) -> TileConfig:
 
 def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> list[TileConfig]:
     """Distinct configs to try for ``problem``: the class's shapes x Swap-AB x the top-k sum's two forms
-    (x a split-K variant where GEMM1's grid is small, x a tile per slot with no align step where slots
+    (x a split-K variant where GEMM1's grid is small, x 8 row tiles per group where experts often take two
+    row tiles, x a tile per slot with no align step where slots
     are few against experts, x a wider GEMM2 tile at fp8-block128 prefill, x GEMM2 programs walking 8
     column tiles, or 4 at decode, where GEMM2 has at most two K steps, x GEMM1 as one merged MMA per K step
     for 8-warp tiles), fitted to shared memory."""
@@ -90,14 +91,29 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
         splits = sorted({1, split_for(problem, cfg)})
         widths = _gemm2_widths(cfg, spec, per_expert)
         walks = _gemm2_walks(cfg, s.intermediate, per_expert)
-        for swap, atomic, split, route, n2, walk in product(swap_ab, (True, False), splits, direct, widths, walks):
+        groups = _groups(cfg, per_expert)
+        for swap, atomic, split, route, n2, walk, group in product(swap_ab, (True, False), splits, direct, widths,
+                                                                   walks, groups):
+            if route and group != cfg.GROUP_SIZE_M:
+                continue  # a tile per slot: no two row tiles share an expert's weights through grouping
             c = replace(cfg, swap_ab=swap, atomic_sum=atomic, split_k=split, direct_route=route, gemm2_block_n=n2,
-                        gemm2_n_tiles=walk)
+                        gemm2_n_tiles=walk, GROUP_SIZE_M=group)
             out.setdefault(c.key(), c)
             if _tries_merged(c, spec):
                 merged = replace(c, gemm1_merged=True)
                 out.setdefault(merged.key(), merged)
     return list(out.values())
+
+
+def _groups(cfg: TileConfig, per_expert: float) -> tuple[int, ...]:
+    """GROUP_SIZE_M values to try. A class shape with GROUP_SIZE_M = 1 runs every column tile of one row
+    tile before the next row tile, so an expert with two row tiles reads its weights from DRAM twice;
+    with 8 row tiles per group the second read of each weight tile follows the first, from L2. With
+    uniform routing an expert needs a second tile when it gets more than BLOCK_SIZE_M slots, common once
+    the average reaches half a tile."""
+    if cfg.GROUP_SIZE_M == 1 and per_expert > cfg.BLOCK_SIZE_M / 2:
+        return (1, 8)
+    return (cfg.GROUP_SIZE_M,)
 
 
 def _tries_merged(cfg: TileConfig, spec: DtypeSpec) -> bool:

@@ -113,3 +113,17 @@ def test_merged_gemm1_tried_with_8_warp_tiles_without_swap_and_not_at_block128()
     ds = shard(get_model("deepseek-v3"), tp=8)
     assert not any(c.gemm1_merged for c in candidates(Problem(ds, 4096, "fp8-block128")))
     assert not any(c.gemm1_merged for c in candidates(Problem(get_model("qwen3-30b-a3b"), 1, "bf16")))
+
+
+def test_grouped_row_tiles_tried_where_experts_often_take_two_row_tiles():
+    """Where the average slots per expert pass half a tile's height, a class shape of one row tile per
+    group is also tried with 8 (an expert's second row tile then reads its weights from L2), never with a
+    tile per slot; at decode, with about one slot per expert, it is not."""
+    mixtral = get_model("mixtral-8x7b")  # M=64, top-2, E=8: 16 slots per expert on average
+    tried = candidates(Problem(mixtral, 64, "bf16"))
+    short = {replace(c, GROUP_SIZE_M=1).key() for c in tried if c.GROUP_SIZE_M == 8 and c.BLOCK_SIZE_M == 16}
+    assert short and short <= {c.key() for c in tried}  # each beside its one-row-tile-per-group twin
+    ds = shard(get_model("deepseek-v3"), tp=8)
+    assert not any(c.direct_route and c.GROUP_SIZE_M != 1 for c in candidates(Problem(ds, 4, "fp8-block128")))
+    assert {c.GROUP_SIZE_M for c in candidates(Problem(ds, 4, "fp8-block128"))} == {1}
+    assert {c.GROUP_SIZE_M for c in candidates(Problem(mixtral, 16, "bf16"))} == {1}  # 4 slots per expert
