@@ -114,6 +114,8 @@ GAINS_COLUMNS = ["model", "dtype", "M", "time_us", "pct_of_floor", "config", "sw
 
 def _short_config(c: dict) -> str:
     text = f"{c['BLOCK_SIZE_M']}x{c['BLOCK_SIZE_N']}x{c['BLOCK_SIZE_K']} w{c['num_warps']} s{c['num_stages']}"
+    if c.get("GROUP_SIZE_M", 1) > 1:
+        text += f" g{c['GROUP_SIZE_M']}"
     if c.get("swap_ab"):
         text += " swap"
     if c.get("atomic_sum") is False:

@@ -230,3 +230,16 @@ def test_gains_table_ratios_come_from_the_rows():
     assert pd.isna(g.loc["fp8-tensor", "vs_cutlass"]) and pd.isna(g.loc["bf16", "fp8_gain"])
     geo, low = geomean_pct_of_floor(g)
     assert geo == pytest.approx((50 * 40) ** 0.5) and low == 40
+
+
+def test_gains_config_names_the_fields_set_away_from_their_defaults():
+    """The config column of the gains table spells out the fields a reader needs to rebuild the tile:
+    row tiles per group only when more than one, and the moebench-only switches when on."""
+    from moebench.report import gains_table
+
+    df = _tuned_rows()
+    df.loc[df["time_us"] == 80.0, "config"] = [{**df.loc[0, "config"], "GROUP_SIZE_M": 8, "swap_ab": True,
+                                                "atomic_sum": False, "split_k": 4}]
+    g = gains_table(df).set_index("dtype")
+    assert g.loc["bf16", "config"] == "16x64x128 w4 s3 g8 swap stored-sum split4"
+    assert g.loc["fp8-tensor", "config"] == "16x64x128 w4 s3 swap"  # GROUP_SIZE_M 1: not named
