@@ -48,7 +48,7 @@ TOKEN_COUNT_ARGS = ("num_slots",)
 # per expert, then sorts them by expert. On an H200 (graph replay, results/h200-session7/ab-align.jsonl)
 # this align took 8.3-14.3 us from 128 to 32768 slots at E = 128-256 with segments of 256 slots, against
 # 8.3-46.4 us for the align it replaced (a program per expert and segment, each scanning the segment for
-# its expert: work O(E * T)); 512-slot segments were 1.2-1.5 us faster at 32768 slots, 0.5-1.6 us slower
+# its expert: work O(E * T)); 512-slot segments were 1.4-2.0 us faster at 32768 slots, 0.6-1.6 us slower
 # up to 2048.
 ALIGN_SEGMENT = 256
 _BLOCK_S = 16  # segments' counts read per loop step
