@@ -19,8 +19,8 @@ the token count is a ``do_not_specialize`` argument, so it can be captured in a 
 and a changing number of tokens never recompiles. Up to ``ONE_PROGRAM_SLOTS`` slots and 32
 experts it is one launch of one program (at decode each launch in the layer costs a few
 microseconds); otherwise two launches (count, then scatter), each a program per segment of
-``ALIGN_SEGMENT`` slots: the scatter sorts its segment by (expert, slot), so the work is
-O(T log T) whatever the number of experts.
+``ALIGN_SEGMENT`` slots: the scatter sorts its segment by (expert, slot) rather than scanning it
+once per expert.
 ``moe_align_reference`` is plain PyTorch and gives the same tensors.
 """
 
@@ -176,8 +176,9 @@ def _compare_exchange(x, N: tl.constexpr, STAGE: tl.constexpr, S: tl.constexpr):
 @triton.jit
 def _bitonic_sort(x, N: tl.constexpr, LOG_N: tl.constexpr):
     """x [N] in ascending order, N = 2 ** LOG_N: a bitonic network, each compare-exchange step written
-    as reshape, split and join (``tl.sort`` does the same on the GPU, but its xor-reduction form took
-    10 s for 1024 keys under the Triton interpreter, this 0.1 s)."""
+    as reshape, split and join. ``tl.sort`` was no faster in the align on an H200
+    (results/h200-session7/ab-align.jsonl), and its xor-reduction form took 10 s for 1024 keys under the
+    Triton interpreter, this 0.1 s."""
     for stage in tl.static_range(1, LOG_N + 1):  # merge sorted runs of 2**(stage-1) into runs of 2**stage
         for sub in tl.static_range(stage):
             x = _compare_exchange(x, N, stage, 1 << (stage - 1 - sub))

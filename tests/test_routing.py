@@ -259,10 +259,10 @@ def test_both_align_kernels_on_decode_sized_cases(case, one_program):
 
 @pytest.mark.parametrize("case, segment", [
     ((20, 2, 7, 16), 2),  # 20 segments: more than the scatter reads per step
-    ((20, 2, 7, 16), 16),  # a short last segment; segments shorter than most groups
+    ((20, 2, 7, 16), 16),  # 40 slots: two full segments and a short last one
     ((4, 2, 64, 16), 4),  # most experts have no slots in any segment
-    ((300, 8, 64, 16), 512),  # several segments of many slots each, the last one short
-    ((300, 8, 64, 32), 64),
+    ((300, 8, 64, 16), 512),  # 2400 slots: four full segments of many experts each, a short last one
+    ((300, 8, 64, 32), 64),  # 38 segments: the counts are read in three steps
 ])
 def test_two_launch_align_over_several_segments(case, segment, monkeypatch):
     """The two-launch align splits the slots into segments (a program per segment sorts its slots by
