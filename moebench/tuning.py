@@ -75,10 +75,9 @@ def _for_dtype(base: TileConfig, spec: DtypeSpec) -> TileConfig:
 def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> list[TileConfig]:
     """Distinct configs to try for ``problem``: the class's shapes x Swap-AB x the top-k sum's two forms
     (x a split-K variant where GEMM1's grid is small, x 8 row tiles per group where experts often take two
-    row tiles, x a tile per slot with no align step where slots
-    are few against experts, x a wider GEMM2 tile at fp8-block128 prefill, x GEMM2 programs walking 8
-    column tiles, or 4 at decode, where GEMM2 has at most two K steps, x GEMM1 as one merged MMA per K step
-    for 8-warp tiles), fitted to shared memory."""
+    row tiles, x a tile per slot with no align step where slots are few against experts, x a wider GEMM2
+    tile at fp8-block128 prefill, x GEMM2 programs walking 8 column tiles, or 4 at decode, where GEMM2 has
+    at most two K steps, x GEMM1 as one merged MMA per K step for 8-warp tiles), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
     # A tile per slot reads an expert's weights once per slot routed to it, so only where few slots share

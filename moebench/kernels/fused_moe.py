@@ -616,14 +616,15 @@ def fused_moe(
     h_scale = torch.empty(T, triton.cdiv(I, 128), device=x.device, dtype=torch.float32) if quant_out else None
     # Split-K: each split's gate|up partial sums, every entry written by GEMM1 (so not zeroed).
     gu = h if split == 1 else torch.empty(split, T, 2 * I, device=x.device, dtype=torch.float32)  # [split, T, 2I]
+    stride_split = T * 2 * I
     k1 = _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N) * split,)](
         a1, w13, gu, act_scale[1:] if static else None, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
-        T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2), T * 2 * I,
+        T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2), stride_split,
         *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split,
         MERGED=config.gemm1_merged, STATIC_OUT=static_out, ROUND_FIRST=interpreting(), **launch,
     )
     if split > 1 and T:
-        _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0), T * 2 * I, SPLIT_K=split,
+        _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0), stride_split, SPLIT_K=split,
                       BLOCK_N=min(1024, triton.next_power_of_2(I)), QUANT_OUT=quant_out,
                       BLOCK_G=min(8, triton.next_power_of_2(triton.cdiv(I, 128))), ROUND_FIRST=interpreting(),
                       **dependent.launch_kwargs(pdl))

@@ -39,4 +39,3 @@ def wait(PDL: tl.constexpr):
     """If launched as a dependent, wait for the previous launch (after a ``start`` without ``WAIT``)."""
     if PDL:
         gdc_wait()
-
