@@ -287,26 +287,30 @@ def test_block128_split_k_activation_writes_gemm2_fp8_input(config, intermediate
     assert calls and all(shape == (3, 512) for shape in calls)
 
 
+@pytest.mark.parametrize("intermediate", [256, 192])
 @pytest.mark.parametrize("variant", [{}, {"split_k": 2}, {"gemm2_block_n": 128}, {"gemm2_n_tiles": 4},
                                      {"gemm1_merged": True}])
 @pytest.mark.parametrize("swap_ab", [False, True])
-def test_block128_scales_that_differ_by_orders_between_k_groups(swap_ab, variant):
+def test_block128_scales_that_differ_by_orders_between_k_groups(swap_ab, variant, intermediate):
     """Each K step applies its own 128x128-block scales: with activation and weight groups whose scales
     differ by up to 1e5 (each group's products kept O(1)), the layer matches the reference, plain and
     Swap-AB, with split-K (h's groups then quantized by the activation launch), with GEMM2 wider, with
     GEMM2 walking 4 column tiles per program (6 tiles: the second program's last two lie past N) and with
-    GEMM1's gate and up rows in one MMA (each B column scaled by its own row's block)."""
+    GEMM1's gate and up rows in one MMA (each B column scaled by its own row's block).
+
+    The 64-wide tiles divide I, so GEMM1 reads one gate and one up scale per tile and K step; at I = 192
+    the up rows start mid-block (rows 192-255 in block 1, 256-383 in block 2) and GEMM2's K has a tail."""
     from moebench.kernels.fused_moe import fused_moe
     from moebench.problem import Weights
     from moebench.quant import quantize_weight
     from moebench.routing import route
 
-    E, H, I, topk, M = 4, 384, 256, 2, 9
+    E, H, I, topk, M = 4, 384, intermediate, 2, 9
     act = DTYPES["fp8-block128"].act
     gen = torch.Generator(device=DEVICE).manual_seed(21)
     per_h = (10.0 ** torch.tensor([-3.0, 0.0, 2.0], device=DEVICE)).repeat_interleave(128)  # [H]
-    per_i = (10.0 ** torch.tensor([-2.0, 1.0], device=DEVICE)).repeat_interleave(128)  # [I]
-    per_rows = (10.0 ** torch.tensor([0.0, -1.0, 1.0, 0.5], device=DEVICE)).repeat_interleave(128)  # [2I]
+    per_i = (10.0 ** torch.tensor([-2.0, 1.0], device=DEVICE)).repeat_interleave(128)[:I]  # [I]
+    per_rows = (10.0 ** torch.tensor([0.0, -1.0, 1.0, 0.5], device=DEVICE)).repeat_interleave(128)[:2 * I]  # [2I]
     x = (torch.randn(M, H, generator=gen, device=DEVICE) * per_h).to(act)
     w13 = torch.randn(E, 2 * I, H, generator=gen, device=DEVICE) * H**-0.5 / per_h * per_rows[:, None]
     w2 = torch.randn(E, H, I, generator=gen, device=DEVICE) * I**-0.5 / per_i

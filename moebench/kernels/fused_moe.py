@@ -34,7 +34,14 @@ same scale with stride 0; with static activation scales, GEMM1's epilogue
 writes h in fp8 at the given scale, so h has no quantization launch);
 2 = 128x128 weight blocks and 1x128 activation groups, applied at every K step
 (BLOCK_K must be 128): a fresh product per step, scaled and added into the
-accumulator. That keeps a second accumulator-sized tile live (GEMM1 spills at
+accumulator. Where the tile width divides the shapes (``EVEN_N``), a tile's columns
+lie in one weight block, so a K step reads one weight scale, not one per column,
+and the scaling is one FMA per element by a per-token vector; with the K masks gone
+too (``EVEN_K``), GEMM1's loop at fp8-block128 went from 361 to 205 SASS instructions
+per K step (64x64 tile, 4 warps). Nsight Compute had found that loop bound by issuing
+instructions (2 warps per scheduler, one issued every 4 cycles). On an H200 the layer
+got 1.09-1.19x faster at fp8-block128 M = 1024 and 4096, even elsewhere
+(``results/h200-session8``). That keeps a second accumulator-sized tile live (GEMM1 spills at
 64x128 with 4 warps; the tuner gives such tiles 8). Keeping the accumulator in
 the current step's scales instead (``acc *= prev / current``, then
 ``tl.dot(a, b, acc)``) removes the spills but was 3-16% slower than this form at
@@ -132,6 +139,36 @@ def _grid_mul(m_vec, n_vec, SWAP_AB: tl.constexpr):
         return n_vec[:, None] * m_vec[None, :]
     else:
         return m_vec[:, None] * n_vec[None, :]
+
+
+@triton.jit
+def _per_token(v, SWAP_AB: tl.constexpr):
+    """A per-token vector [BM] broadcast over the tile's columns: [BM, 1] or, swapped, [1, BM]."""
+    if SWAP_AB:
+        return v[None, :]
+    else:
+        return v[:, None]
+
+
+@triton.jit
+def _load(ptrs, mask, IN_BOUNDS: tl.constexpr):
+    """``ptrs`` loaded under ``mask`` (0 where false), or with no mask where the caller knows every pointer
+    is in bounds: the mask's predicates then cost no instructions in the K loop."""
+    if IN_BOUNDS:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_a(a_ptrs, row_ok, k_ok, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr):
+    """A K step's token rows. The rows of padding slots point at token 0, in bounds, but stay masked:
+    unmasked, every padding row of every tile read token 0's row, and the layer got up to 1.5x slower on an
+    H200 (results/h200-session8). With ``EVEN_K`` that loop-invariant row mask is the only one."""
+    if EVEN_K:
+        return tl.load(a_ptrs, mask=_per_token(row_ok, SWAP_AB), other=0.0)
+    else:
+        return tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
 
 
 @triton.jit
@@ -236,6 +273,8 @@ def _gemm1_swiglu(
     SPLIT_K: tl.constexpr,
     DIRECT: tl.constexpr,
     MERGED: tl.constexpr,  # one MMA per K step over gate and up rows together (gemm1_merged)
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K mask on the operand loads
+    EVEN_N: tl.constexpr,  # N % BLOCK_N == 0: no column mask on the weight loads, one weight scale per block128 tile
     PDL: tl.constexpr,  # launched as a programmatic dependent: wait for the previous launch before its data
     STATIC_OUT: tl.constexpr,  # h written in fp8 at a static per-tensor scale (fp8-tensor-static, SPLIT_K == 1)
     ROUND_FIRST: tl.constexpr,
@@ -262,12 +301,13 @@ def _gemm1_swiglu(
             acc_g, acc_u = _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, pid_n,
                                               offs_k, k_first, k_last, N, K, stride_wn, stride_xsm, stride_xsk,
                                               stride_wse, stride_wsn, stride_wsk, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
-                                              QUANT)
+                                              QUANT, EVEN_K, EVEN_N)
         else:
-            acc_g, acc_u = _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, offs_n,
-                                            n_ok, offs_k, k_first, k_last, N, K, stride_wn, stride_xsm, stride_xsk,
-                                            stride_wse, stride_wsn, stride_wsk, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
-                                            QUANT)  # [BM, BN] or [BN, BM] each
+            acc_g, acc_u = _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok,
+                                            pid_n * BLOCK_N, offs_n, n_ok, offs_k, k_first, k_last, N, K, stride_wn,
+                                            stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk, BLOCK_M,
+                                            BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K,
+                                            EVEN_N)  # [BM, BN] or [BN, BM] each
 
         slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
         mask = _grid_and(row_ok, n_ok, SWAP_AB)
@@ -287,29 +327,40 @@ def _gemm1_swiglu(
 
 
 @triton.jit
-def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, offs_n, n_ok, offs_k, k_first,
-                     k_last, N, K, stride_wn, stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk,
+def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, n_first, offs_n, n_ok, offs_k,
+                     k_first, k_last, N, K, stride_wn, stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
-                     QUANT: tl.constexpr):
+                     QUANT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
     """GEMM1's K steps ``[k_first, k_last)`` of one tile as a gate MMA and an up MMA per step:
-    the gate and up accumulators, [BM, BN] each ([BN, BM] swapped). ``w_ptr`` is the expert's w13."""
+    the gate and up accumulators, [BM, BN] each ([BN, BM] swapped). ``w_ptr`` is the expert's w13.
+
+    With ``EVEN_K`` the loads carry no K mask (``_load_a``); with ``EVEN_N`` too, the weight loads carry
+    no mask at all, and at fp8-block128 the tile's gate (and up) columns lie in one 128-row weight block
+    (BLOCK_N divides 128 and N), so each K step reads one gate and one up scale and scales the product by
+    a per-token vector: one FMA per element."""
     g_ptrs = w_ptr + _grid(offs_k + k_first * BLOCK_K, offs_n * stride_wn, SWAP_AB)  # [BK, BN] or [BN, BK]
     u_ptrs = g_ptrs + N * stride_wn
     acc_g = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_first, k_last):
         k_ok = offs_k < K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
+        a = _load_a(a_ptrs, row_ok, k_ok, EVEN_K, SWAP_AB)
         b_mask = _grid_and(k_ok, n_ok, SWAP_AB)
-        g = tl.load(g_ptrs, mask=b_mask, other=0.0)
-        u = tl.load(u_ptrs, mask=b_mask, other=0.0)
+        g = _load(g_ptrs, b_mask, EVEN_K and EVEN_N)
+        u = _load(u_ptrs, b_mask, EVEN_K and EVEN_N)
         if QUANT == 2:  # 128x128 blocks: scale each K step's partial product
             xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)  # [BM]
             ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
-            gs = tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0)  # [BN]
-            us = tl.load(ws + ((N + offs_n) // 128) * stride_wsn, mask=n_ok, other=0.0)
-            acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * _grid_mul(xs, gs, SWAP_AB)
-            acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * _grid_mul(xs, us, SWAP_AB)
+            if EVEN_N and BLOCK_N <= 128:  # one gate and one up scale for the tile
+                gs = tl.load(ws + (n_first // 128) * stride_wsn)
+                us = tl.load(ws + ((N + n_first) // 128) * stride_wsn)
+                acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * _per_token(xs * gs, SWAP_AB)
+                acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * _per_token(xs * us, SWAP_AB)
+            else:
+                gs = tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0)  # [BN]
+                us = tl.load(ws + ((N + offs_n) // 128) * stride_wsn, mask=n_ok, other=0.0)
+                acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * _grid_mul(xs, gs, SWAP_AB)
+                acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * _grid_mul(xs, us, SWAP_AB)
         else:
             acc_g = _mma(a, g, acc_g, SWAP_AB)
             acc_u = _mma(a, u, acc_u, SWAP_AB)
@@ -328,7 +379,7 @@ def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_o
 def _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, pid_n, offs_k, k_first,
                        k_last, N, K, stride_wn, stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
-                       QUANT: tl.constexpr):
+                       QUANT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
     """As ``_gemm1_loop_pair``, with one MMA per K step over a B tile of 2*BLOCK_N weight rows, gate row n
     and up row n side by side ([BM, BK] x [BK, 2BN], swapped [2BN, BK] x [BK, BM]); the accumulator is
     parted into gate and up after the loop (``_halves``)."""
@@ -340,8 +391,8 @@ def _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row
     acc = tl.zeros((2 * BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
     for k in range(k_first, k_last):
         k_ok = offs_k < K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
-        b = tl.load(b_ptrs, mask=_grid_and(k_ok, c_ok, SWAP_AB), other=0.0)
+        a = _load_a(a_ptrs, row_ok, k_ok, EVEN_K, SWAP_AB)
+        b = _load(b_ptrs, _grid_and(k_ok, c_ok, SWAP_AB), EVEN_K and EVEN_N)
         if QUANT == 2:
             xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)  # [BM]
             ws = tl.load(w_scale_ptr + expert * stride_wse + k * stride_wsk + (w_rows // 128) * stride_wsn,
@@ -435,6 +486,8 @@ def _gemm2_combine(
     DIRECT: tl.constexpr,
     N_TILES: tl.constexpr,  # column tiles per program (gemm2_n_tiles)
     PDL: tl.constexpr,  # as in _gemm1_swiglu
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0
+    EVEN_N: tl.constexpr,  # N % (BLOCK_N * N_TILES) == 0: every program's column tiles lie within N
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0), max_pid_m, N, BLOCK_M, BLOCK_N * N_TILES, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
@@ -442,7 +495,8 @@ def _gemm2_combine(
     if valid:
         row_ok = slot < num_slots
         slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
-        offs_n = pid_n * N_TILES * BLOCK_N + tl.arange(0, BLOCK_N)  # the first column tile
+        n_first = pid_n * N_TILES * BLOCK_N
+        offs_n = n_first + tl.arange(0, BLOCK_N)  # the first column tile
         offs_k = tl.arange(0, BLOCK_K)
 
         a_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_k, SWAP_AB)
@@ -451,9 +505,9 @@ def _gemm2_combine(
         k_steps = tl.cdiv(K, BLOCK_K)
         if N_TILES == 1:
             for k in range(0, k_steps):
-                acc = _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, offs_n, row_ok, slot_safe, expert, h_scale_ptr,
-                                  w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk,
-                                  BLOCK_K, SWAP_AB, QUANT)
+                acc = _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_safe, expert,
+                                  h_scale_ptr, w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn,
+                                  stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N)
                 a_ptrs += BLOCK_K
                 b_ptrs += BLOCK_K
             _gemm2_epilogue(acc, slot_safe, row_ok, offs_n, expert, out_ptr, topk_weights_ptr, h_scale_ptr,
@@ -465,9 +519,9 @@ def _gemm2_combine(
                 j = t // k_steps
                 k = t - j * k_steps
                 acc = _gemm2_step(acc, a_ptrs + k * BLOCK_K, b_ptrs + (j * BLOCK_N * stride_wn + k * BLOCK_K), k,
-                                  offs_k, offs_n + j * BLOCK_N, row_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr,
-                                  K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_K,
-                                  SWAP_AB, QUANT)
+                                  offs_k, n_first + j * BLOCK_N, offs_n + j * BLOCK_N, row_ok, slot_safe, expert,
+                                  h_scale_ptr, w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn,
+                                  stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N)
                 if k == k_steps - 1:
                     _gemm2_epilogue(acc, slot_safe, row_ok, offs_n + j * BLOCK_N, expert, out_ptr,
                                     topk_weights_ptr, h_scale_ptr, w_scale_ptr, N, stride_om, stride_hsm, stride_wse,
@@ -476,19 +530,24 @@ def _gemm2_combine(
 
 
 @triton.jit
-def _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, offs_n, row_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr, K, N,
-                stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_K: tl.constexpr,
-                SWAP_AB: tl.constexpr, QUANT: tl.constexpr):
-    """acc plus K step ``k`` of one column tile (``a_ptrs`` / ``b_ptrs`` at that step)."""
+def _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr,
+                K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, EVEN_K: tl.constexpr,
+                EVEN_N: tl.constexpr):
+    """acc plus K step ``k`` of one column tile (``a_ptrs`` / ``b_ptrs`` at that step, columns ``offs_n``
+    from ``n_first``); the masks and block128 weight scales as in ``_gemm1_loop_pair``."""
     k_ok = offs_k < K - k * BLOCK_K
     n_ok = offs_n < N
-    a = tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
-    b = tl.load(b_ptrs, mask=_grid_and(k_ok, n_ok, SWAP_AB), other=0.0)
+    a = _load_a(a_ptrs, row_ok, k_ok, EVEN_K, SWAP_AB)
+    b = _load(b_ptrs, _grid_and(k_ok, n_ok, SWAP_AB), EVEN_K and EVEN_N)
     if QUANT == 2:
         hs = tl.load(h_scale_ptr + slot_safe * stride_hsm + k * stride_hsk)  # [BM]
-        ws = tl.load(w_scale_ptr + expert * stride_wse + (offs_n // 128) * stride_wsn + k * stride_wsk,
-                     mask=n_ok, other=0.0)  # [BN]
-        return acc + _mma(a, b, tl.zeros_like(acc), SWAP_AB) * _grid_mul(hs, ws, SWAP_AB)
+        ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
+        if EVEN_N and BLOCK_N <= 128:  # one weight scale for the tile
+            scale = _per_token(hs * tl.load(ws + (n_first // 128) * stride_wsn), SWAP_AB)
+        else:
+            scale = _grid_mul(hs, tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
+        return acc + _mma(a, b, tl.zeros_like(acc), SWAP_AB) * scale
     else:
         return _mma(a, b, acc, SWAP_AB)
 
@@ -621,7 +680,8 @@ def fused_moe(
         a1, w13, gu, act_scale[1:] if static else None, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
         T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2), stride_split,
         *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split,
-        MERGED=config.gemm1_merged, STATIC_OUT=static_out, ROUND_FIRST=interpreting(), **launch,
+        MERGED=config.gemm1_merged, STATIC_OUT=static_out, ROUND_FIRST=interpreting(),
+        EVEN_K=H % config.BLOCK_SIZE_K == 0, EVEN_N=I % config.BLOCK_SIZE_N == 0, **launch,
     )
     if split > 1 and T:
         _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0), stride_split, SPLIT_K=split,
@@ -644,7 +704,8 @@ def fused_moe(
         a2, w2, acc, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids, num_padded,
         T, max_blocks, H, I, a2.stride(0), w2.stride(0), w2.stride(1), acc.stride(0),
         *_scale_strides(a2_scale, 2, per_tensor), *_scale_strides(w2_scale, 3),
-        ATOMIC_SUM=config.atomic_sum, N_TILES=config.gemm2_n_tiles, **{**launch, "BLOCK_N": config.block_n2},
+        ATOMIC_SUM=config.atomic_sum, N_TILES=config.gemm2_n_tiles, EVEN_K=I % config.BLOCK_SIZE_K == 0,
+        EVEN_N=H % (config.block_n2 * config.gemm2_n_tiles) == 0, **{**launch, "BLOCK_N": config.block_n2},
     )
     if config.atomic_sum:
         out.copy_(acc)
