@@ -1,6 +1,7 @@
 """A/B on a GPU: the K loops without masks where the shapes divide the tiles, and one fp8-block128 weight
 scale per tile and K step (``EVEN_K`` / ``EVEN_N``), against the kernels of commit 7b2e428; and, with a
-tile per slot, GEMM1 warming L2 with GEMM2's weights (``PREFETCH_W2``).
+tile per slot, GEMM1 warming L2 with GEMM2's weights (``PREFETCH_W2``, tried at commit 41ad4e5 and reverted
+after: this script runs on the tree of that commit).
 
 Each benchmark point runs at its best config of results/h200-kernels-6be41bd (and -ds4096, and the
 fp8-block128 points of -1fd6e45): "base" (7b2e428's kernels), "new" (the working tree) and, where the

@@ -113,7 +113,6 @@ from moebench.routing import moe_align
 from moebench.tile import TileConfig
 
 QUANT_NONE, QUANT_ROWCOL, QUANT_BLOCK = 0, 1, 2
-PREFETCH_W2 = True  # with a tile per slot on sm90, GEMM1 warms L2 with GEMM2's weights (off: for A/Bs)
 _QUANT = {None: QUANT_NONE, "tensor": QUANT_ROWCOL, "channel": QUANT_ROWCOL, "block128": QUANT_BLOCK}
 
 
@@ -170,13 +169,6 @@ def _load_a(a_ptrs, row_ok, k_ok, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr):
         return tl.load(a_ptrs, mask=_per_token(row_ok, SWAP_AB), other=0.0)
     else:
         return tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
-
-
-@triton.jit
-def _prefetch_l2(ptrs):
-    """Ask L2 for the 128-byte lines at ``ptrs``; nothing comes back to the program (sm90 PTX)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
 
 
 @triton.jit
@@ -257,12 +249,10 @@ def _gemm1_swiglu(
     sorted_ids_ptr,  # [max_padded] slot ids grouped by expert; == num_slots for padding
     expert_ids_ptr,  # [max_blocks]
     num_padded_ptr,  # [1]
-    w2_ptr,  # W2_LINES > 0: GEMM2's weights as bytes [E, hidden * I * element size], to warm L2 with
     num_slots,  # T = M * topk
     max_pid_m,  # max_blocks: the grid's bound on row tiles
     N,  # I
     K,  # hidden
-    w2_lines,  # W2_LINES > 0: 128-byte lines of one expert's GEMM2 weights
     stride_xm,
     stride_we,
     stride_wn,
@@ -288,15 +278,10 @@ def _gemm1_swiglu(
     PDL: tl.constexpr,  # launched as a programmatic dependent: wait for the previous launch before its data
     STATIC_OUT: tl.constexpr,  # h written in fp8 at a static per-tensor scale (fp8-tensor-static, SPLIT_K == 1)
     ROUND_FIRST: tl.constexpr,
-    W2_LINES: tl.constexpr,  # > 0: each program first asks L2 for this many lines of its expert's GEMM2 weights
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
                                       DIRECT, PDL)
-    if W2_LINES > 0 and valid:  # the programs of one slot share its expert's GEMM2 weights out between them
-        share = pid_n * SPLIT_K + tl.program_id(0) % SPLIT_K
-        lines = share * W2_LINES + tl.arange(0, W2_LINES)
-        _prefetch_l2(w2_ptr + expert * w2_lines * 128 + tl.minimum(lines, w2_lines - 1) * 128)
     if valid:
         row_ok = slot < num_slots
         tok = tl.where(row_ok, slot // TOPK, 0).to(tl.int64)
@@ -691,20 +676,12 @@ def fused_moe(
     # Split-K: each split's gate|up partial sums, every entry written by GEMM1 (so not zeroed).
     gu = h if split == 1 else torch.empty(split, T, 2 * I, device=x.device, dtype=torch.float32)  # [split, T, 2I]
     stride_split = T * 2 * I
-    # With a tile per slot, GEMM1's programs warm L2 with their experts' GEMM2 weights (sm90 PTX).
-    w2_bytes, w2_lines, w2_per_program = w2, 1, 0
-    if pdl and PREFETCH_W2 and w2.is_contiguous():
-        w2_bytes = w2.view(torch.uint8).view(E, -1)  # [E, H * I * element size]
-        w2_lines = triton.cdiv(w2_bytes.shape[1], 128)
-        shares = triton.cdiv(I, config.BLOCK_SIZE_N) * split  # GEMM1 programs per slot
-        w2_per_program = triton.next_power_of_2(triton.cdiv(w2_lines, shares))
     k1 = _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N) * split,)](
         a1, w13, gu, act_scale[1:] if static else None, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
-        w2_bytes, T, max_blocks, I, H, w2_lines, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2),
-        stride_split, *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split,
+        T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2), stride_split,
+        *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split,
         MERGED=config.gemm1_merged, STATIC_OUT=static_out, ROUND_FIRST=interpreting(),
-        EVEN_K=H % config.BLOCK_SIZE_K == 0, EVEN_N=I % config.BLOCK_SIZE_N == 0, W2_LINES=w2_per_program,
-        **launch,
+        EVEN_K=H % config.BLOCK_SIZE_K == 0, EVEN_N=I % config.BLOCK_SIZE_N == 0, **launch,
     )
     if split > 1 and T:
         _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0), stride_split, SPLIT_K=split,
