@@ -5,6 +5,9 @@ variant checked against the float32 reference, then timed (CUDA-graph replay, L2
 interleaved; the registers and spills of each compiled GEMM are printed.
 
     PYTHONPATH=$PWD python3 scripts/block128_maxnreg.py > rows.jsonl
+
+It runs on the tree of commit 724c970, whose kernels take a register cap (``MAXNREG``); the next commit
+removed it.
 """
 
 import json

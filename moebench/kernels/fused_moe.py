@@ -113,7 +113,6 @@ from moebench.routing import moe_align
 from moebench.tile import TileConfig
 
 QUANT_NONE, QUANT_ROWCOL, QUANT_BLOCK = 0, 1, 2
-MAXNREG = None  # registers per thread the GEMMs are compiled for (None: the compiler's choice)
 _QUANT = {None: QUANT_NONE, "tensor": QUANT_ROWCOL, "channel": QUANT_ROWCOL, "block128": QUANT_BLOCK}
 
 
@@ -609,7 +608,6 @@ def _launch_args(cfg: TileConfig) -> dict:
         DIRECT=cfg.direct_route,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **({"maxnreg": MAXNREG} if MAXNREG else {}),
     )
 
 
