@@ -109,11 +109,8 @@ def _groups(cfg: TileConfig, per_expert: float) -> tuple[int, ...]:
     tile before the next row tile, so an expert with two row tiles reads its weights from DRAM twice;
     with 8 row tiles per group the second read of each weight tile follows the first, from L2. With
     uniform routing an expert needs a second tile when it gets more than BLOCK_SIZE_M slots, common once
-    the average reaches half a tile. At DeepSeek-V3@tp8 fp8-block128 M=1024 (32 slots per expert, exactly
-    half of 64) the 64x64 tile with 8 row tiles per group and GEMM2 at 128 columns took 455.0 and 463.4 us
-    on an H200 against 470.6 us for the tuned best with one (results/h200-session8, block128-maxnreg.jsonl
-    and block128-tiles.jsonl), so half a tile counts."""
-    if cfg.GROUP_SIZE_M == 1 and per_expert >= cfg.BLOCK_SIZE_M / 2:
+    the average reaches half a tile."""
+    if cfg.GROUP_SIZE_M == 1 and per_expert > cfg.BLOCK_SIZE_M / 2:
         return (1, 8)
     return (cfg.GROUP_SIZE_M,)
 
@@ -130,9 +127,8 @@ def _tries_merged(cfg: TileConfig, spec: DtypeSpec) -> bool:
 def _gemm2_widths(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> tuple[int, ...]:
     """GEMM2 tile widths to try besides GEMM1's (0). At the fp8-block128 prefill points whose best tile was
     64x64, GEMM2 alone at 128 columns made the layer 1-7% faster on an H200 (results/h200-session3-ab,
-    gemm2-rows.jsonl), at 8 warps 4-21% slower; tried from 32 slots per expert (DeepSeek-V3@tp8 M=1024,
-    see ``_groups``)."""
-    if spec.fp8_scheme == "block128" and per_expert >= 32 and cfg.BLOCK_SIZE_N == 64:
+    gemm2-rows.jsonl), at 8 warps 4-21% slower."""
+    if spec.fp8_scheme == "block128" and per_expert > 48 and cfg.BLOCK_SIZE_N == 64:
         return (0, 128)
     return (0,)
 
