@@ -132,13 +132,16 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     _err.print(f"run folder: {run_dir}")
 
 
-def _load_run_warned(run: Path):
-    """A run folder's rows, saying on stderr when its schema version is not this moebench's."""
+def _load_run_warned(run: Path, with_commit: bool = False):
+    """A run folder's rows, saying on stderr when its schema version is not this moebench's; with
+    ``with_commit``, each row also gets its run's git commit (``commit``, from meta.json)."""
     from moebench.results import load_run, schema_warning
 
     meta, df = load_run(run)
     if w := schema_warning(meta, str(run)):
         _err.print(w)
+    if with_commit:
+        df["commit"] = meta.get("git_commit")
     return df
 
 
@@ -146,7 +149,8 @@ def _load_run_warned(run: Path):
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--gains", is_flag=True,
-              help="Instead: per triton point, best config and the Swap-AB, fp8 and vs-cutlass gains.")
+              help="Instead: per triton point, best config and the Swap-AB, fp8 and vs-cutlass gains (and the "
+                   "git commit of its run, where the runs named differ).")
 def report(runs, fmt, gains):
     """Print the throughput and TTFT tables of one or more run folders (rows taken together; each row
     keeps the floor of its own run's ceilings)."""
@@ -154,7 +158,7 @@ def report(runs, fmt, gains):
 
     from moebench import report as rep
 
-    df = pd.concat([_load_run_warned(run) for run in runs], ignore_index=True)
+    df = pd.concat([_load_run_warned(run, with_commit=gains) for run in runs], ignore_index=True)
     if not gains:
         _print_tables(df, fmt, _console())
         return

@@ -138,6 +138,8 @@ def gains_table(df: pd.DataFrame) -> pd.DataFrame:
 
     ``swap_gain`` = best no-swap time / best Swap-AB time (needs a tuned run with both);
     ``fp8_gain`` = the same model and M in bf16 / this fp8 time; ``vs_cutlass`` = cutlass / triton time.
+    Where the rows carry a ``commit`` (the git commit of their run) and the best rows come from more than
+    one, a last column names each point's, so a table drawn from several runs says which kernels made it.
     """
     ok = df[(df["status"] == "ok") & df["time_us"].notna()]
     tri = ok[ok["path"] == "triton"]
@@ -161,7 +163,11 @@ def gains_table(df: pd.DataFrame) -> pd.DataFrame:
         bf16.get((model, m), float("nan")) / t if bf16 is not None and dtype.startswith("fp8") else float("nan")
         for (model, dtype, m), t in out["time_us"].items()
     ]
-    out = out.reset_index().sort_values(key, kind="stable").reset_index(drop=True)[GAINS_COLUMNS]
+    columns = list(GAINS_COLUMNS)
+    if "commit" in best.columns and best["commit"].nunique() > 1:
+        out["commit"] = best["commit"]
+        columns.append("commit")
+    out = out.reset_index().sort_values(key, kind="stable").reset_index(drop=True)[columns]
     out.attrs["caption"] = interpreter_caption(df)
     return out
 

@@ -81,6 +81,23 @@ def test_report_takes_several_run_folders_together(cpu_run, tmp_path):
     assert len(ms) == 2 * 4 and sum(m > 1000 for m in ms) == 4
 
 
+def test_report_gains_over_runs_of_two_commits_names_each_points(cpu_run, tmp_path):
+    """`report --gains` over folders of different commits says which commit each point's best row is from:
+    here the second folder's rows are twice as fast at M=5 and half as fast at M=1."""
+    _, run_dir = cpu_run
+    for name, commit, speedup in (("a", "aaaaaaa", {1: 1, 5: 1}), ("b", "bbbbbbb", {1: 0.5, 5: 2})):
+        folder = tmp_path / name
+        shutil.copytree(run_dir, folder)
+        meta = json.loads((folder / "meta.json").read_text())
+        (folder / "meta.json").write_text(json.dumps({**meta, "git_commit": commit}))
+        rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+        (folder / "rows.jsonl").write_text("".join(
+            json.dumps({**r, "time_us": r["time_us"] / speedup[r["M"]]}) + "\n" for r in rows))
+    proc = moebench("report", str(tmp_path / "a"), str(tmp_path / "b"), "--gains", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert {r["M"]: r["commit"] for r in json.loads(proc.stdout)} == {1: "aaaaaaa", 5: "bbbbbbb"}
+
+
 def test_compare_a_run_with_itself_is_all_same(cpu_run):
     _, run_dir = cpu_run
     proc = moebench("compare", str(run_dir), str(run_dir), "--format", "csv", "--fail-on-slower")

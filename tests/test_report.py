@@ -232,6 +232,21 @@ def test_gains_table_ratios_come_from_the_rows():
     assert geo == pytest.approx((50 * 40) ** 0.5) and low == 40
 
 
+def test_gains_name_each_points_commit_where_runs_differ():
+    """Rows drawn from runs of two commits: a last column names the commit of each point's best row; rows
+    of one commit (or none recorded) get no such column."""
+    from moebench.report import GAINS_COLUMNS, gains_table
+
+    df = _tuned_rows()
+    df["commit"] = "aaaaaaa"
+    assert list(gains_table(df).columns) == GAINS_COLUMNS
+    assert list(gains_table(_tuned_rows()).columns) == GAINS_COLUMNS
+    faster = df[(df["dtype"] == "bf16") & (df["path"] == "triton")].head(1).assign(time_us=10.0, commit="bbbbbbb")
+    g = gains_table(pd.concat([df, faster], ignore_index=True)).set_index("dtype")
+    assert g.loc["bf16", "commit"] == "bbbbbbb" and g.loc["bf16", "time_us"] == 10.0
+    assert g.loc["fp8-tensor", "commit"] == "aaaaaaa"
+
+
 def test_gains_config_names_the_fields_set_away_from_their_defaults():
     """The config column of the gains table spells out the fields a reader needs to rebuild the tile:
     row tiles per group only when more than one, and the moebench-only switches when on."""
