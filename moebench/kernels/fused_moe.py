@@ -34,19 +34,21 @@ same scale with stride 0; with static activation scales, GEMM1's epilogue
 writes h in fp8 at the given scale, so h has no quantization launch);
 2 = 128x128 weight blocks and 1x128 activation groups, applied at every K step
 (BLOCK_K must be 128): a fresh product per step, scaled and added into the
-accumulator. Where the tile width divides the shapes (``EVEN_N``), a tile's columns
-lie in one weight block, so a K step reads one weight scale, not one per column,
-and the scaling is one FMA per element by a per-token vector; with the K masks gone
-too (``EVEN_K``), GEMM1's loop at fp8-block128 went from 361 to 205 SASS instructions
-per K step (64x64 tile, 4 warps). Nsight Compute had found that loop bound by issuing
-instructions (2 warps per scheduler, one issued every 4 cycles). On an H200 the layer
-got 1.09-1.19x faster at fp8-block128 M = 1024 and 4096, even elsewhere
-(``results/h200-session8``). That keeps a second accumulator-sized tile live (GEMM1 spills at
+accumulator. That keeps a second accumulator-sized tile live (GEMM1 spills at
 64x128 with 4 warps; the tuner gives such tiles 8). Keeping the accumulator in
 the current step's scales instead (``acc *= prev / current``, then
 ``tl.dot(a, b, acc)``) removes the spills but was 3-16% slower than this form at
 the best config of each of the 14 fp8-block128 benchmark points on an H200
 (``results/h200-block128-ab``, and the tuned run of commit bab17e1), so it was dropped.
+
+**Shapes that divide the tiles** (``EVEN_K``, ``EVEN_N``): the K loop's loads carry no K
+mask, and the weight loads no mask at all; at fp8-block128 a tile's columns then lie in
+one weight block, so a K step reads one weight scale, not one per column, and the
+scaling is one FMA per element by a per-token vector. GEMM1's loop at fp8-block128 went
+from 361 to 205 SASS instructions per K step (64x64 tile, 4 warps); Nsight Compute had
+found it bound by issuing instructions (2 warps per scheduler, one issued every 4
+cycles). On an H200 the layer got 1.09-1.19x faster at fp8-block128 M = 1024 and 4096
+and stayed even elsewhere (``results/h200-session8``).
 
 **A tile per slot** (``direct_route``): at decode the align step (one or two launches) is skipped;
 row tile ``i`` is token slot ``i`` alone, its expert read from ``topk_ids``. Where slots sharing an
@@ -274,7 +276,7 @@ def _gemm1_swiglu(
     DIRECT: tl.constexpr,
     MERGED: tl.constexpr,  # one MMA per K step over gate and up rows together (gemm1_merged)
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K mask on the operand loads
-    EVEN_N: tl.constexpr,  # N % BLOCK_N == 0: no column mask on the weight loads, one weight scale per block128 tile
+    EVEN_N: tl.constexpr,  # N % BLOCK_N == 0: no column mask on weight loads; one block128 scale per tile (BN <= 128)
     PDL: tl.constexpr,  # launched as a programmatic dependent: wait for the previous launch before its data
     STATIC_OUT: tl.constexpr,  # h written in fp8 at a static per-tensor scale (fp8-tensor-static, SPLIT_K == 1)
     ROUND_FIRST: tl.constexpr,
