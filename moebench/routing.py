@@ -234,16 +234,18 @@ def _scatter_kernel(
     expert_ids of the blocks they start, and the padding tails of experts g * BLOCK_C... (every S-th chunk)."""
     g = tl.program_id(0)
 
-    # Slots per expert (all segments), and each expert's slots in the segments before g.
+    # Slots per expert (all segments), each expert's slots in the segments before g, and in segment g.
     offs_e = tl.arange(0, BLOCK_E)
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
     before = tl.zeros([BLOCK_E], dtype=tl.int32)
+    in_segment = tl.zeros([BLOCK_E], dtype=tl.int32)
     for sb in range(0, num_segments, BLOCK_S):
         rows = sb + tl.arange(0, BLOCK_S)  # [BLOCK_S]
         ok = (rows < num_segments)[:, None] & (offs_e < num_experts)[None, :]
         tile = tl.load(counts_ptr + rows[:, None] * num_experts + offs_e[None, :], mask=ok, other=0)
         counts += tl.sum(tile, axis=0)
         before += tl.sum(tl.where((rows < g)[:, None], tile, 0), axis=0)
+        in_segment += tl.sum(tl.where((rows == g)[:, None], tile, 0), axis=0)
     # Where each expert's group starts: exclusive prefix sum of the padded counts.
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M  # [BLOCK_E]
     starts = tl.cumsum(padded, axis=0) - padded  # [BLOCK_E]
@@ -253,8 +255,8 @@ def _scatter_kernel(
     # The segment sorted by (expert, slot): the slot at sorted position p is the (p - first[e])-th of
     # its expert e in the segment, where first[e] counts the segment's slots of lower experts, so it
     # goes to e's group start plus the slots of e in earlier segments plus that rank.
+    # (Slots of no expert, bin E, sort last and are not stored, so their count is not needed.)
     slots, experts = _segment_experts(ids_ptr, g, num_slots, num_experts, SEGMENT)
-    in_segment = tl.histogram(experts, BLOCK_E)  # [BLOCK_E]
     first = tl.cumsum(in_segment, axis=0) - in_segment  # [BLOCK_E]
     keys = _bitonic_sort(experts * SEGMENT + (slots - g * SEGMENT), SEGMENT, LOG_SEGMENT)  # [SEGMENT]
     expert = keys // SEGMENT

@@ -354,15 +354,14 @@ def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_o
             xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)  # [BM]
             ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
             if EVEN_N and BLOCK_N <= 128:  # one gate and one up scale for the tile
-                gs = tl.load(ws + (n_first // 128) * stride_wsn)
-                us = tl.load(ws + ((N + n_first) // 128) * stride_wsn)
-                acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * _per_token(xs * gs, SWAP_AB)
-                acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * _per_token(xs * us, SWAP_AB)
-            else:
-                gs = tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0)  # [BN]
-                us = tl.load(ws + ((N + offs_n) // 128) * stride_wsn, mask=n_ok, other=0.0)
-                acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * _grid_mul(xs, gs, SWAP_AB)
-                acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * _grid_mul(xs, us, SWAP_AB)
+                g_scale = _per_token(xs * tl.load(ws + (n_first // 128) * stride_wsn), SWAP_AB)
+                u_scale = _per_token(xs * tl.load(ws + ((N + n_first) // 128) * stride_wsn), SWAP_AB)
+            else:  # [BN] scales
+                g_scale = _grid_mul(xs, tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
+                u_scale = _grid_mul(xs, tl.load(ws + ((N + offs_n) // 128) * stride_wsn, mask=n_ok, other=0.0),
+                                    SWAP_AB)
+            acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * g_scale
+            acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * u_scale
         else:
             acc_g = _mma(a, g, acc_g, SWAP_AB)
             acc_u = _mma(a, u, acc_u, SWAP_AB)
