@@ -271,7 +271,8 @@ def test_static_scales_quantize_x_once_and_h_in_gemm1(monkeypatch):
 ])
 def test_block128_split_k_activation_writes_gemm2_fp8_input(config, intermediate, monkeypatch):
     """After a split-K GEMM1, fp8-block128's h is quantized by the launch that applies the activation:
-    quantize_act runs once (for x), not twice, and the layer matches the reference."""
+    quantize_act runs once (for x), not twice, or not at all with a tile per slot (GEMM1 quantizes x), and
+    the layer matches the reference."""
     from moebench.kernels import fused_moe as fm
 
     calls = []
@@ -284,7 +285,63 @@ def test_block128_split_k_activation_writes_gemm2_fp8_input(config, intermediate
     problem = Problem(_shape(4, 512, intermediate, 2), 3, "fp8-block128", seed=9)
     result = check_point(get_path("triton"), problem, make_inputs(problem, DEVICE, draw=1), config)
     assert result.correct, f"rel. error {result.rel_err}"
-    assert calls and all(shape == (3, 512) for shape in calls)
+    assert [tuple(shape) for shape in calls] == ([] if config.direct_route else [(3, 512)])
+
+
+@pytest.mark.parametrize("hidden", [384, 320])  # 3 groups; 3 groups, the last half outside x (K tail)
+@pytest.mark.parametrize("config", [
+    TileConfig(16, 64, 128, 1, 4, 2, swap_ab=True, direct_route=True),
+    TileConfig(16, 64, 128, 1, 4, 2, direct_route=True, atomic_sum=False),
+    TileConfig(16, 64, 128, 1, 4, 2, swap_ab=True, direct_route=True, split_k=2),
+])
+def test_block128_x_quantized_in_gemm1_gives_the_same_bits(config, hidden, monkeypatch):
+    """With a tile per slot, GEMM1 quantizes x's 1x128 groups in its K loop instead of a launch doing it
+    first: the layer's output is bit for bit the one with the launch, plain, Swap-AB and split-K."""
+    from moebench.kernels import fused_moe as fm
+
+    problem = Problem(_shape(8, hidden, 128, 2), 3, "fp8-block128", seed=12)
+    inp = make_inputs(problem, DEVICE, draw=1)
+    w = inp.weights
+    outs = []
+    for fused in (True, False):
+        monkeypatch.setattr(fm, "FUSE_X_QUANT", fused)
+        out = torch.full((3, hidden), float("nan"), device=DEVICE, dtype=problem.spec.act)
+        fm.fused_moe(inp.x, w.w13, w.w2, inp.topk_weights, inp.topk_ids, config, out=out, fp8_scheme="block128",
+                     w13_scale=w.w13_scale, w2_scale=w.w2_scale)
+        outs.append(out)
+    assert torch.isfinite(outs[0]).all()
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("dtype, intermediate, config", [
+    ("fp8-block128", 200, TileConfig(16, 64, 128, 1, 4, 2, swap_ab=True, split_k=2, direct_route=True)),
+    ("fp8-block128", 1100, TileConfig(16, 64, 128, 1, 4, 2, split_k=3, direct_route=True, atomic_sum=False)),
+    ("fp8-block128", 300, TileConfig(16, 256, 128, 1, 4, 2, swap_ab=True, split_k=2, direct_route=True)),
+    ("fp16", 96, TileConfig(16, 32, 32, 1, 4, 2, swap_ab=True, split_k=3, direct_route=True)),
+    ("fp8-channel", 96, TileConfig(16, 32, 64, 1, 4, 2, split_k=2, direct_route=True, gemm1_merged=True)),
+])
+def test_split_k_activation_in_gemm1_gives_the_same_bits(dtype, intermediate, config, monkeypatch):
+    """With a tile per slot, the last split-K program of each chunk of h adds the splits' partials and
+    applies the activation (and at fp8-block128 quantizes h's 1x128 groups) instead of a _swiglu launch:
+    the layer's output is bit for bit the one with the launch. 64-wide tiles make two per 128-column chunk
+    (I = 200: the last chunk's second tile lies past I); 256-wide tiles hold two groups each."""
+    from moebench.kernels import fused_moe as fm
+
+    problem = Problem(_shape(8, 256, intermediate, 2), 3, dtype, seed=13)
+    inp = make_inputs(problem, DEVICE, draw=1)
+    w = inp.weights
+    outs = []
+    for fused in (True, False):
+        monkeypatch.setattr(fm, "FUSE_SPLIT_ACTIVATION", fused)
+        out = torch.full((3, 256), float("nan"), device=DEVICE, dtype=problem.spec.act)
+        fm.fused_moe(inp.x, w.w13, w.w2, inp.topk_weights, inp.topk_ids, config, out=out,
+                     fp8_scheme=w.fp8_scheme, w13_scale=w.w13_scale, w2_scale=w.w2_scale)
+        outs.append(out)
+    assert torch.isfinite(outs[0]).all()
+    assert torch.equal(outs[0], outs[1])
+    ref = moe_reference(inp.x, w, inp.topk_weights, inp.topk_ids)
+    rel = torch.linalg.vector_norm(outs[0].float() - ref) / torch.linalg.vector_norm(ref)
+    assert rel < problem.spec.rtol, f"rel. error {rel}"
 
 
 @pytest.mark.parametrize("intermediate", [256, 192])

@@ -115,6 +115,10 @@ from moebench.routing import moe_align
 from moebench.tile import TileConfig
 
 QUANT_NONE, QUANT_ROWCOL, QUANT_BLOCK = 0, 1, 2
+# fp8-block128 with a tile per slot: GEMM1 quantizes x in its K loop (``_a_block128``), no launch for it.
+FUSE_X_QUANT = True
+# Split-K with a tile per slot: GEMM1's last split per chunk applies the activation (``_split_fixup``).
+FUSE_SPLIT_ACTIVATION = True
 _QUANT = {None: QUANT_NONE, "tensor": QUANT_ROWCOL, "channel": QUANT_ROWCOL, "block128": QUANT_BLOCK}
 
 
@@ -171,6 +175,27 @@ def _load_a(a_ptrs, row_ok, k_ok, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr):
         return tl.load(a_ptrs, mask=_per_token(row_ok, SWAP_AB), other=0.0)
     else:
         return tl.load(a_ptrs, mask=_grid_and(row_ok, k_ok, SWAP_AB), other=0.0)
+
+
+@triton.jit
+def _a_block128(a_ptrs, x_scale_ptr, tok, k, row_ok, k_ok, stride_xsm, stride_xsk, fp8_dtype: tl.constexpr,
+                EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr, X_QUANT: tl.constexpr, ROUND_FIRST: tl.constexpr):
+    """fp8-block128 K step ``k``: the token rows in fp8 and their 1x128 group scales [BM].
+
+    ``X_QUANT``: the rows are read in x's dtype and quantized here with the arithmetic of
+    ``act_quant._quantize_groups`` (the same bits), so x needs no quantization launch. Each column tile's
+    program quantizes its rows again, so this is for decode, where a program has one real row."""
+    a = _load_a(a_ptrs, row_ok, k_ok, EVEN_K, SWAP_AB)
+    if X_QUANT:
+        v = a.to(tl.float32)
+        if SWAP_AB:  # [BK, BM]
+            xs = tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12) / 448.0
+        else:  # [BM, BK]
+            xs = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-12) / 448.0
+        a = to_fp8(tl.minimum(tl.maximum(v / _per_token(xs, SWAP_AB), -448.0), 448.0), fp8_dtype, ROUND_FIRST)
+    else:
+        xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)
+    return a, xs
 
 
 @triton.jit
@@ -242,7 +267,7 @@ def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots
 
 @triton.jit(do_not_specialize=["num_slots", "max_pid_m", "stride_split"])
 def _gemm1_swiglu(
-    x_ptr,  # [M, K] activations (fp8 when QUANT)
+    x_ptr,  # [M, K] activations (fp8 when QUANT, unless X_QUANT)
     w_ptr,  # [E, 2N, K] gate rows then up rows
     h_ptr,  # [T, N] output activation, row = token slot; SPLIT_K > 1: [SPLIT_K, T, 2N] float32, gate|up partials
     h_scale_ptr,  # STATIC_OUT: [1] float32, the static scale fp8 h is written at
@@ -251,6 +276,9 @@ def _gemm1_swiglu(
     sorted_ids_ptr,  # [max_padded] slot ids grouped by expert; == num_slots for padding
     expert_ids_ptr,  # [max_blocks]
     num_padded_ptr,  # [1]
+    act_ptr,  # FIXUP: [T, N] h, written by the last split of each chunk (fp8 when QUANT_OUT)
+    act_scale_ptr,  # FIXUP and QUANT_OUT: [T, cdiv(N, 128)] float32 group scales of h
+    counter_ptr,  # FIXUP: [max_pid_m, cdiv(N, FIX_N)] int32, zeroed: splits done per row tile and chunk
     num_slots,  # T = M * topk
     max_pid_m,  # max_blocks: the grid's bound on row tiles
     N,  # I
@@ -260,6 +288,7 @@ def _gemm1_swiglu(
     stride_wn,
     stride_hm,
     stride_split,  # SPLIT_K > 1: elements between the splits' [T, 2N] slices (T * 2N)
+    stride_asm,  # act_scale_ptr's row stride
     stride_xsm,
     stride_xsk,
     stride_wse,
@@ -280,6 +309,10 @@ def _gemm1_swiglu(
     PDL: tl.constexpr,  # launched as a programmatic dependent: wait for the previous launch before its data
     STATIC_OUT: tl.constexpr,  # h written in fp8 at a static per-tensor scale (fp8-tensor-static, SPLIT_K == 1)
     ROUND_FIRST: tl.constexpr,
+    X_QUANT: tl.constexpr,  # QUANT 2: x read in its own dtype and quantized in the K loop (x_scale_ptr unused)
+    FIXUP: tl.constexpr,  # SPLIT_K > 1: the last split to store a chunk's partials applies the activation
+    FIX_N: tl.constexpr,  # FIXUP: columns of h per chunk (a multiple of BLOCK_N; of 128 with QUANT_OUT)
+    QUANT_OUT: tl.constexpr,  # FIXUP: h written in fp8 with one scale per 1x128 group (GEMM2's block128 input)
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
@@ -303,13 +336,13 @@ def _gemm1_swiglu(
             acc_g, acc_u = _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, pid_n,
                                               offs_k, k_first, k_last, N, K, stride_wn, stride_xsm, stride_xsk,
                                               stride_wse, stride_wsn, stride_wsk, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
-                                              QUANT, EVEN_K, EVEN_N)
+                                              QUANT, EVEN_K, EVEN_N, X_QUANT, ROUND_FIRST)
         else:
             acc_g, acc_u = _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok,
                                             pid_n * BLOCK_N, offs_n, n_ok, offs_k, k_first, k_last, N, K, stride_wn,
                                             stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk, BLOCK_M,
-                                            BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K,
-                                            EVEN_N)  # [BM, BN] or [BN, BM] each
+                                            BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N, X_QUANT,
+                                            ROUND_FIRST)  # [BM, BN] or [BN, BM] each
 
         slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
         mask = _grid_and(row_ok, n_ok, SWAP_AB)
@@ -321,18 +354,23 @@ def _gemm1_swiglu(
                 tl.store(h_ptrs, to_fp8(h, h_ptr.dtype.element_ty, ROUND_FIRST), mask=mask)
             else:
                 tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask)
-        else:  # this split's partial sums; _swiglu adds the splits' and applies the activation
+        else:  # this split's partial sums; the chunk's last split (FIXUP) or _swiglu adds them, applies the activation
             split = (tl.program_id(0) % SPLIT_K).to(tl.int64)
             gu_ptrs = h_ptr + split * stride_split + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
             tl.store(gu_ptrs, acc_g, mask=mask)
             tl.store(gu_ptrs + N, acc_u, mask=mask)
+            if FIXUP:
+                _split_fixup(h_ptr, act_ptr, act_scale_ptr, counter_ptr, pid_m, pid_n, slot_safe, row_ok, N,
+                             stride_hm, stride_split, stride_asm, BLOCK_M, BLOCK_N, SPLIT_K, FIX_N, QUANT_OUT,
+                             ROUND_FIRST)
 
 
 @triton.jit
 def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, n_first, offs_n, n_ok, offs_k,
                      k_first, k_last, N, K, stride_wn, stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
-                     QUANT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+                     QUANT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, X_QUANT: tl.constexpr,
+                     ROUND_FIRST: tl.constexpr):
     """GEMM1's K steps ``[k_first, k_last)`` of one tile as a gate MMA and an up MMA per step:
     the gate and up accumulators, [BM, BN] each ([BN, BM] swapped). ``w_ptr`` is the expert's w13.
 
@@ -346,12 +384,12 @@ def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_o
     acc_u = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_first, k_last):
         k_ok = offs_k < K - k * BLOCK_K
-        a = _load_a(a_ptrs, row_ok, k_ok, EVEN_K, SWAP_AB)
         b_mask = _grid_and(k_ok, n_ok, SWAP_AB)
         g = _load(g_ptrs, b_mask, EVEN_K and EVEN_N)
         u = _load(u_ptrs, b_mask, EVEN_K and EVEN_N)
         if QUANT == 2:  # 128x128 blocks: scale each K step's partial product
-            xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)  # [BM]
+            a, xs = _a_block128(a_ptrs, x_scale_ptr, tok, k, row_ok, k_ok, stride_xsm, stride_xsk,
+                                w_ptr.dtype.element_ty, EVEN_K, SWAP_AB, X_QUANT, ROUND_FIRST)  # xs [BM]
             ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
             if EVEN_N and BLOCK_N <= 128:  # one gate and one up scale for the tile
                 g_scale = _per_token(xs * tl.load(ws + (n_first // 128) * stride_wsn), SWAP_AB)
@@ -363,6 +401,7 @@ def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_o
             acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * g_scale
             acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * u_scale
         else:
+            a = _load_a(a_ptrs, row_ok, k_ok, EVEN_K, SWAP_AB)
             acc_g = _mma(a, g, acc_g, SWAP_AB)
             acc_u = _mma(a, u, acc_u, SWAP_AB)
         a_ptrs += BLOCK_K
@@ -380,7 +419,8 @@ def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_o
 def _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, pid_n, offs_k, k_first,
                        k_last, N, K, stride_wn, stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
-                       QUANT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+                       QUANT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, X_QUANT: tl.constexpr,
+                       ROUND_FIRST: tl.constexpr):
     """As ``_gemm1_loop_pair``, with one MMA per K step over a B tile of 2*BLOCK_N weight rows, gate row n
     and up row n side by side ([BM, BK] x [BK, 2BN], swapped [2BN, BK] x [BK, BM]); the accumulator is
     parted into gate and up after the loop (``_halves``)."""
@@ -392,15 +432,15 @@ def _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row
     acc = tl.zeros((2 * BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
     for k in range(k_first, k_last):
         k_ok = offs_k < K - k * BLOCK_K
-        a = _load_a(a_ptrs, row_ok, k_ok, EVEN_K, SWAP_AB)
         b = _load(b_ptrs, _grid_and(k_ok, c_ok, SWAP_AB), EVEN_K and EVEN_N)
         if QUANT == 2:
-            xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)  # [BM]
+            a, xs = _a_block128(a_ptrs, x_scale_ptr, tok, k, row_ok, k_ok, stride_xsm, stride_xsk,
+                                w_ptr.dtype.element_ty, EVEN_K, SWAP_AB, X_QUANT, ROUND_FIRST)  # xs [BM]
             ws = tl.load(w_scale_ptr + expert * stride_wse + k * stride_wsk + (w_rows // 128) * stride_wsn,
                          mask=c_ok, other=0.0)  # [2BN]
             acc += _mma(a, b, tl.zeros_like(acc), SWAP_AB) * _grid_mul(xs, ws, SWAP_AB)
         else:
-            acc = _mma(a, b, acc, SWAP_AB)
+            acc = _mma(_load_a(a_ptrs, row_ok, k_ok, EVEN_K, SWAP_AB), b, acc, SWAP_AB)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     if QUANT == 1:
@@ -417,6 +457,48 @@ def _split_sum(gu_ptr, offs, ok, stride_split, SPLIT_K: tl.constexpr):
     for s in tl.static_range(1, SPLIT_K):
         acc += tl.load(gu_ptr + s * stride_split + offs, mask=ok, other=0.0)
     return acc
+
+
+@triton.jit
+def _split_fixup(gu_ptr, act_ptr, act_scale_ptr, counter_ptr, pid_m, pid_n, slot_safe, row_ok, N, stride_gu,
+                 stride_split, stride_asm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+                 FIX_N: tl.constexpr,
+                 QUANT_OUT: tl.constexpr, ROUND_FIRST: tl.constexpr):
+    """After a split-K program stored its partials: count it in for its chunk (FIX_N columns of h of its row
+    tile); the chunk's last program adds every split's partials in split order, applies the activation and
+    writes h (as ``_swiglu`` does: the same arithmetic, the same bits), then zeroes the count for the next
+    layer. No launch follows GEMM1 for the activation.
+
+    Every thread's partials are stored before the count (a CTA barrier, then the atomic's release at GPU
+    scope), and the last program reads the others' after its atomic's acquire, past L1 (``.cg``)."""
+    chunk = pid_n * BLOCK_N // FIX_N
+    tiles = tl.minimum(FIX_N // BLOCK_N, tl.cdiv(N, BLOCK_N) - chunk * (FIX_N // BLOCK_N))  # column tiles in it
+    counter = counter_ptr + pid_m * tl.cdiv(N, FIX_N) + chunk
+    tl.debug_barrier()
+    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLIT_K * tiles - 1:
+        tl.debug_barrier()
+        cols = chunk * FIX_N + tl.arange(0, FIX_N)  # [FIX_N]
+        ok = row_ok[:, None] & (cols < N)[None, :]
+        offs = slot_safe[:, None] * stride_gu + cols[None, :]  # [BM, FIX_N]
+        g = tl.load(gu_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
+        u = tl.load(gu_ptr + offs + N, mask=ok, other=0.0, cache_modifier=".cg")
+        for s in tl.static_range(1, SPLIT_K):
+            g += tl.load(gu_ptr + s * stride_split + offs, mask=ok, other=0.0, cache_modifier=".cg")
+            u += tl.load(gu_ptr + s * stride_split + offs + N, mask=ok, other=0.0, cache_modifier=".cg")
+        h = g * tl.sigmoid(g) * u  # [BM, FIX_N]
+        h_ptrs = act_ptr + slot_safe[:, None] * N + cols[None, :]
+        if QUANT_OUT:  # one scale per 128 columns of each row
+            groups = tl.reshape(h, (BLOCK_M, FIX_N // 128, 128))
+            scale = tl.maximum(tl.max(tl.abs(groups), axis=2), 1e-12) / 448.0  # [BM, FIX_N // 128]
+            q = tl.minimum(tl.maximum(groups / scale[:, :, None], -448.0), 448.0)
+            q = tl.reshape(to_fp8(q, act_ptr.dtype.element_ty, ROUND_FIRST), (BLOCK_M, FIX_N))
+            tl.store(h_ptrs, q, mask=ok)
+            group = chunk * (FIX_N // 128) + tl.arange(0, FIX_N // 128)  # [FIX_N // 128]
+            tl.store(act_scale_ptr + slot_safe[:, None] * stride_asm + group[None, :], scale,
+                     mask=row_ok[:, None] & (group * 128 < N)[None, :])
+        else:
+            tl.store(h_ptrs, h.to(act_ptr.dtype.element_ty), mask=ok)
+        tl.store(counter, 0)
 
 
 @triton.jit(do_not_specialize=["stride_split"])
@@ -653,7 +735,9 @@ def fused_moe(
 
     static = act_scale is not None
     assert not static or fp8_scheme == "tensor", "static activation scales are per tensor"
-    a1, a1_scale = (x, None) if quant == QUANT_NONE else quantize_act(
+    # With a tile per slot, GEMM1 quantizes x's 1x128 groups itself (fp8-block128): one launch fewer.
+    x_quant = quant == QUANT_BLOCK and config.direct_route and FUSE_X_QUANT
+    a1, a1_scale = (x, None) if quant == QUANT_NONE or x_quant else quantize_act(
         x, fp8_scheme, act_scale[:1] if static else None, pdl=pdl)  # [M, H] fp8
     if config.direct_route:  # a tile per slot: topk_ids serves as the tiles' expert ids, no align launch
         ids = topk_ids.reshape(-1)  # [T]
@@ -672,19 +756,25 @@ def fused_moe(
     quant_out = quant == QUANT_BLOCK and split > 1
     static_out = static and split == 1
     act_dtype = x.dtype
-    h = torch.empty(T, I, device=x.device, dtype=a1.dtype if quant_out or static_out else act_dtype)  # [T, I]
+    h = torch.empty(T, I, device=x.device, dtype=w2.dtype if quant_out or static_out else act_dtype)  # [T, I]
     h_scale = torch.empty(T, triton.cdiv(I, 128), device=x.device, dtype=torch.float32) if quant_out else None
     # Split-K: each split's gate|up partial sums, every entry written by GEMM1 (so not zeroed).
     gu = h if split == 1 else torch.empty(split, T, 2 * I, device=x.device, dtype=torch.float32)  # [split, T, 2I]
     stride_split = T * 2 * I
+    # Split-K with a tile per slot: the last split of each chunk of h applies the activation, so no
+    # _swiglu launch follows; the counts start at zero and their last program leaves them at zero.
+    fixup = split > 1 and config.direct_route and FUSE_SPLIT_ACTIVATION
+    fix_n = max(config.BLOCK_SIZE_N, 128) if quant_out else config.BLOCK_SIZE_N
+    counters = torch.zeros(max_blocks * triton.cdiv(I, fix_n), device=x.device, dtype=torch.int32) if fixup else None
     k1 = _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N) * split,)](
         a1, w13, gu, act_scale[1:] if static else None, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
-        T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2), stride_split,
-        *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split,
-        MERGED=config.gemm1_merged, STATIC_OUT=static_out, ROUND_FIRST=interpreting(),
+        h, h_scale, counters, T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2),
+        stride_split, 0 if h_scale is None else h_scale.stride(0), *_scale_strides(a1_scale, 2, per_tensor),
+        *_scale_strides(w13_scale, 3), SPLIT_K=split, MERGED=config.gemm1_merged, STATIC_OUT=static_out,
+        ROUND_FIRST=interpreting(), X_QUANT=x_quant, FIXUP=fixup, FIX_N=fix_n, QUANT_OUT=quant_out,
         EVEN_K=H % config.BLOCK_SIZE_K == 0, EVEN_N=I % config.BLOCK_SIZE_N == 0, **launch,
     )
-    if split > 1 and T:
+    if split > 1 and T and not fixup:
         _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0), stride_split, SPLIT_K=split,
                       BLOCK_N=min(1024, triton.next_power_of_2(I)), QUANT_OUT=quant_out,
                       BLOCK_G=min(8, triton.next_power_of_2(triton.cdiv(I, 128))), ROUND_FIRST=interpreting(),
