@@ -130,6 +130,8 @@ def _short_config(c: dict) -> str:
         text += f" n2tiles={c['gemm2_n_tiles']}"
     if c.get("gemm1_merged"):
         text += " merged"
+    if c.get("gemm1_quant_x"):
+        text += " quant-x"
     return text
 
 

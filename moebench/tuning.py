@@ -77,7 +77,9 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
     (x a split-K variant where GEMM1's grid is small, x 8 row tiles per group where experts often take two
     row tiles, x a tile per slot with no align step where slots are few against experts, x a wider GEMM2
     tile at fp8-block128 prefill, x GEMM2 programs walking 8 column tiles, or 4 at decode, where GEMM2 has
-    at most two K steps, x GEMM1 as one merged MMA per K step for 8-warp tiles), fitted to shared memory."""
+    at most two K steps, x GEMM1 as one merged MMA per K step for 8-warp tiles, x GEMM1 quantizing x itself
+    with a tile per slot at fp8-block128: on an H200 it won where a program walks few K steps, split-K at
+    M=1, and lost elsewhere, results/h200-session9), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
     # A tile per slot reads an expert's weights once per slot routed to it, so only where few slots share
@@ -101,6 +103,9 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
             if _tries_merged(c, spec):
                 merged = replace(c, gemm1_merged=True)
                 out.setdefault(merged.key(), merged)
+            if route and spec.fp8_scheme == "block128":
+                quant_x = replace(c, gemm1_quant_x=True)
+                out.setdefault(quant_x.key(), quant_x)
     return list(out.values())
 
 

@@ -1,6 +1,7 @@
 """A/B on a GPU: at the fp8-block128 points with a tile per slot, GEMM1 quantizing x in its K loop
 (``FUSE_X_QUANT``) and the last split-K program of each chunk applying the activation (``FUSE_SPLIT_ACTIVATION``),
-each alone and both, against neither (one launch each, as before). Each point at its best config of the
+each alone and both, against neither (one launch each, as before). It runs on the tree of commit 6b8722e, where
+both were module switches; the split-K one was slower and is gone, the x one became gemm1_quant_x. Each point at its best config of the
 benchmark runs; each variant checked against the float32 reference first, timed twice interleaved (CUDA-graph
 replay, L2 flushed, median us), keeping the faster.
 

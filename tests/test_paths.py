@@ -13,6 +13,7 @@ import torch
 
 from moebench._interpret import interpreting
 from moebench.dtypes import DTYPES
+from moebench.errors import UserError
 from moebench.kernels.act_quant import quantize_act
 from moebench.models import MoEShape
 from moebench.paths import Target, get_path
@@ -178,7 +179,6 @@ def test_split_k_matches_reference(dtype, swap_ab):
 
 def test_triton_path_refuses_a_block128_config_without_128_wide_k_steps():
     """fp8-block128 with a K step that is not one 128-wide scale block is refused in one line."""
-    from moebench.errors import UserError
 
     path = get_path("triton")
     block = Problem(_shape(8, 128, 64, 2), 4, "fp8-block128")
@@ -271,8 +271,7 @@ def test_static_scales_quantize_x_once_and_h_in_gemm1(monkeypatch):
 ])
 def test_block128_split_k_activation_writes_gemm2_fp8_input(config, intermediate, monkeypatch):
     """After a split-K GEMM1, fp8-block128's h is quantized by the launch that applies the activation:
-    quantize_act runs once (for x), not twice, or not at all with a tile per slot (GEMM1 quantizes x), and
-    the layer matches the reference."""
+    quantize_act runs once (for x), not twice, and the layer matches the reference."""
     from moebench.kernels import fused_moe as fm
 
     calls = []
@@ -285,7 +284,7 @@ def test_block128_split_k_activation_writes_gemm2_fp8_input(config, intermediate
     problem = Problem(_shape(4, 512, intermediate, 2), 3, "fp8-block128", seed=9)
     result = check_point(get_path("triton"), problem, make_inputs(problem, DEVICE, draw=1), config)
     assert result.correct, f"rel. error {result.rel_err}"
-    assert [tuple(shape) for shape in calls] == ([] if config.direct_route else [(3, 512)])
+    assert [tuple(shape) for shape in calls] == [(3, 512)]
 
 
 @pytest.mark.parametrize("hidden", [384, 320])  # 3 groups; 3 groups, the last half outside x (K tail)
@@ -295,53 +294,40 @@ def test_block128_split_k_activation_writes_gemm2_fp8_input(config, intermediate
     TileConfig(16, 64, 128, 1, 4, 2, swap_ab=True, direct_route=True, split_k=2),
 ])
 def test_block128_x_quantized_in_gemm1_gives_the_same_bits(config, hidden, monkeypatch):
-    """With a tile per slot, GEMM1 quantizes x's 1x128 groups in its K loop instead of a launch doing it
-    first: the layer's output is bit for bit the one with the launch, plain, Swap-AB and split-K."""
+    """With ``gemm1_quant_x`` GEMM1 quantizes x's 1x128 groups in its K loop and no launch does it first;
+    the layer's output is bit for bit the one with the launch, plain, Swap-AB and split-K."""
     from moebench.kernels import fused_moe as fm
 
+    calls = []
+
+    def counted(t, scheme, static=None, pdl=False):
+        calls.append(tuple(t.shape))
+        return quantize_act(t, scheme, static, pdl)
+
+    monkeypatch.setattr(fm, "quantize_act", counted)
     problem = Problem(_shape(8, hidden, 128, 2), 3, "fp8-block128", seed=12)
     inp = make_inputs(problem, DEVICE, draw=1)
     w = inp.weights
     outs = []
-    for fused in (True, False):
-        monkeypatch.setattr(fm, "FUSE_X_QUANT", fused)
+    for quant_x in (True, False):
+        calls.clear()
         out = torch.full((3, hidden), float("nan"), device=DEVICE, dtype=problem.spec.act)
-        fm.fused_moe(inp.x, w.w13, w.w2, inp.topk_weights, inp.topk_ids, config, out=out, fp8_scheme="block128",
-                     w13_scale=w.w13_scale, w2_scale=w.w2_scale)
+        fm.fused_moe(inp.x, w.w13, w.w2, inp.topk_weights, inp.topk_ids, replace(config, gemm1_quant_x=quant_x),
+                     out=out, fp8_scheme="block128", w13_scale=w.w13_scale, w2_scale=w.w2_scale)
         outs.append(out)
+        assert ((3, hidden) in calls) != quant_x  # x quantized by a launch only without the field
     assert torch.isfinite(outs[0]).all()
     assert torch.equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("dtype, intermediate, config", [
-    ("fp8-block128", 200, TileConfig(16, 64, 128, 1, 4, 2, swap_ab=True, split_k=2, direct_route=True)),
-    ("fp8-block128", 1100, TileConfig(16, 64, 128, 1, 4, 2, split_k=3, direct_route=True, atomic_sum=False)),
-    ("fp8-block128", 300, TileConfig(16, 256, 128, 1, 4, 2, swap_ab=True, split_k=2, direct_route=True)),
-    ("fp16", 96, TileConfig(16, 32, 32, 1, 4, 2, swap_ab=True, split_k=3, direct_route=True)),
-    ("fp8-channel", 96, TileConfig(16, 32, 64, 1, 4, 2, split_k=2, direct_route=True, gemm1_merged=True)),
-])
-def test_split_k_activation_in_gemm1_gives_the_same_bits(dtype, intermediate, config, monkeypatch):
-    """With a tile per slot, the last split-K program of each chunk of h adds the splits' partials and
-    applies the activation (and at fp8-block128 quantizes h's 1x128 groups) instead of a _swiglu launch:
-    the layer's output is bit for bit the one with the launch. 64-wide tiles make two per 128-column chunk
-    (I = 200: the last chunk's second tile lies past I); 256-wide tiles hold two groups each."""
-    from moebench.kernels import fused_moe as fm
-
-    problem = Problem(_shape(8, 256, intermediate, 2), 3, dtype, seed=13)
-    inp = make_inputs(problem, DEVICE, draw=1)
-    w = inp.weights
-    outs = []
-    for fused in (True, False):
-        monkeypatch.setattr(fm, "FUSE_SPLIT_ACTIVATION", fused)
-        out = torch.full((3, 256), float("nan"), device=DEVICE, dtype=problem.spec.act)
-        fm.fused_moe(inp.x, w.w13, w.w2, inp.topk_weights, inp.topk_ids, config, out=out,
-                     fp8_scheme=w.fp8_scheme, w13_scale=w.w13_scale, w2_scale=w.w2_scale)
-        outs.append(out)
-    assert torch.isfinite(outs[0]).all()
-    assert torch.equal(outs[0], outs[1])
-    ref = moe_reference(inp.x, w, inp.topk_weights, inp.topk_ids)
-    rel = torch.linalg.vector_norm(outs[0].float() - ref) / torch.linalg.vector_norm(ref)
-    assert rel < problem.spec.rtol, f"rel. error {rel}"
+def test_gemm1_quant_x_is_refused_off_block128_and_without_direct_route():
+    """``gemm1_quant_x`` needs a tile per slot and fp8-block128: anything else is refused in one line."""
+    with pytest.raises(UserError, match="direct_route"):
+        TileConfig(16, 64, 128, gemm1_quant_x=True)
+    problem = Problem(_shape(8, 128, 64, 2), 2, "fp8-tensor")
+    with pytest.raises(UserError, match="fp8-block128"):
+        get_path("triton").prepare(make_inputs(problem, DEVICE), problem,
+                                   TileConfig(16, 64, 128, direct_route=True, gemm1_quant_x=True))
 
 
 @pytest.mark.parametrize("intermediate", [256, 192])

@@ -115,6 +115,18 @@ def test_merged_gemm1_tried_with_8_warp_tiles_without_swap_and_not_at_block128()
     assert not any(c.gemm1_merged for c in candidates(Problem(get_model("qwen3-30b-a3b"), 1, "bf16")))
 
 
+def test_x_quantized_by_gemm1_tried_with_a_tile_per_slot_at_block128_only():
+    """GEMM1 quantizing x itself is tried beside the quantization launch for every tile-per-slot candidate
+    at fp8-block128 decode, and nowhere else (not at other dtypes, not with the align step)."""
+    ds = shard(get_model("deepseek-v3"), tp=8)
+    cands = candidates(Problem(ds, 1, "fp8-block128"))
+    tried = [c for c in cands if c.gemm1_quant_x]
+    assert {replace(c, gemm1_quant_x=False).key() for c in tried} == {
+        c.key() for c in cands if c.direct_route and not c.gemm1_quant_x}
+    assert not any(c.gemm1_quant_x for c in candidates(Problem(ds, 1024, "fp8-block128")))
+    assert not any(c.gemm1_quant_x for c in candidates(Problem(get_model("qwen3-30b-a3b"), 1, "bf16")))
+
+
 def test_grouped_row_tiles_tried_where_experts_often_take_two_row_tiles():
     """Where the average slots per expert pass half a tile's height, a class shape of one row tile per
     group is also tried with 8 (an expert's second row tile then reads its weights from L2), never with a

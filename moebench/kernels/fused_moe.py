@@ -72,6 +72,9 @@ and an up MMA; the accumulator is parted after the loop. On an H200 at each poin
 the layer's time by 3.6-6.3% where that tile was 128x128 at 8 warps without Swap-AB, and was even or up
 to 2.3% slower elsewhere (``results/h200-session6``), so the tuner tries it for 8-warp tiles only.
 
+**x quantized by GEMM1** (``gemm1_quant_x``, fp8-block128 with a tile per slot): each K step reads x's
+rows in bf16 and quantizes their 1x128 group itself, so the layer has no launch for x (``_a_block128``).
+
 **Programmatic dependent launch** (with ``direct_route``, on sm90; ``kernels/pdl.py``): every Triton
 launch of the layer (activation quantization, the GEMMs, the split-K activation, the top-k sum) is a
 programmatic dependent, so its programs start while the previous launch ends. A GEMM program reads its
@@ -115,10 +118,6 @@ from moebench.routing import moe_align
 from moebench.tile import TileConfig
 
 QUANT_NONE, QUANT_ROWCOL, QUANT_BLOCK = 0, 1, 2
-# fp8-block128 with a tile per slot: GEMM1 quantizes x in its K loop (``_a_block128``), no launch for it.
-FUSE_X_QUANT = True
-# Split-K with a tile per slot: GEMM1's last split per chunk applies the activation (``_split_fixup``).
-FUSE_SPLIT_ACTIVATION = True
 _QUANT = {None: QUANT_NONE, "tensor": QUANT_ROWCOL, "channel": QUANT_ROWCOL, "block128": QUANT_BLOCK}
 
 
@@ -182,9 +181,12 @@ def _a_block128(a_ptrs, x_scale_ptr, tok, k, row_ok, k_ok, stride_xsm, stride_xs
                 EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr, X_QUANT: tl.constexpr, ROUND_FIRST: tl.constexpr):
     """fp8-block128 K step ``k``: the token rows in fp8 and their 1x128 group scales [BM].
 
-    ``X_QUANT``: the rows are read in x's dtype and quantized here with the arithmetic of
-    ``act_quant._quantize_groups`` (the same bits), so x needs no quantization launch. Each column tile's
-    program quantizes its rows again, so this is for decode, where a program has one real row."""
+    ``X_QUANT`` (``gemm1_quant_x``, with a tile per slot): the rows are read in x's dtype and quantized
+    here with the arithmetic of ``act_quant._quantize_groups`` (the same bits), so x needs no quantization
+    launch. On an H200 at the best configs (results/h200-session9/ab-fusions.jsonl) the layer got faster
+    where a program walks 4 K steps or fewer (split-K at M=1: DeepSeek-V3@tp8 27.1 to 26.4 us, Qwen3 26.6
+    to 25.4) and 1.07-1.13x slower where it walks 14-16 (M=4): the conversion stands between each step's
+    load and its MMA. So it is a tile-config field the tuner tries at decode."""
     a = _load_a(a_ptrs, row_ok, k_ok, EVEN_K, SWAP_AB)
     if X_QUANT:
         v = a.to(tl.float32)
@@ -276,9 +278,6 @@ def _gemm1_swiglu(
     sorted_ids_ptr,  # [max_padded] slot ids grouped by expert; == num_slots for padding
     expert_ids_ptr,  # [max_blocks]
     num_padded_ptr,  # [1]
-    act_ptr,  # FIXUP: [T, N] h, written by the last split of each chunk (fp8 when QUANT_OUT)
-    act_scale_ptr,  # FIXUP and QUANT_OUT: [T, cdiv(N, 128)] float32 group scales of h
-    counter_ptr,  # FIXUP: [max_pid_m, cdiv(N, FIX_N)] int32, zeroed: splits done per row tile and chunk
     num_slots,  # T = M * topk
     max_pid_m,  # max_blocks: the grid's bound on row tiles
     N,  # I
@@ -288,7 +287,6 @@ def _gemm1_swiglu(
     stride_wn,
     stride_hm,
     stride_split,  # SPLIT_K > 1: elements between the splits' [T, 2N] slices (T * 2N)
-    stride_asm,  # act_scale_ptr's row stride
     stride_xsm,
     stride_xsk,
     stride_wse,
@@ -310,9 +308,6 @@ def _gemm1_swiglu(
     STATIC_OUT: tl.constexpr,  # h written in fp8 at a static per-tensor scale (fp8-tensor-static, SPLIT_K == 1)
     ROUND_FIRST: tl.constexpr,
     X_QUANT: tl.constexpr,  # QUANT 2: x read in its own dtype and quantized in the K loop (x_scale_ptr unused)
-    FIXUP: tl.constexpr,  # SPLIT_K > 1: the last split to store a chunk's partials applies the activation
-    FIX_N: tl.constexpr,  # FIXUP: columns of h per chunk (a multiple of BLOCK_N; of 128 with QUANT_OUT)
-    QUANT_OUT: tl.constexpr,  # FIXUP: h written in fp8 with one scale per 1x128 group (GEMM2's block128 input)
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
@@ -354,15 +349,11 @@ def _gemm1_swiglu(
                 tl.store(h_ptrs, to_fp8(h, h_ptr.dtype.element_ty, ROUND_FIRST), mask=mask)
             else:
                 tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask)
-        else:  # this split's partial sums; the chunk's last split (FIXUP) or _swiglu adds them, applies the activation
+        else:  # this split's partial sums; _swiglu adds the splits' and applies the activation
             split = (tl.program_id(0) % SPLIT_K).to(tl.int64)
             gu_ptrs = h_ptr + split * stride_split + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
             tl.store(gu_ptrs, acc_g, mask=mask)
             tl.store(gu_ptrs + N, acc_u, mask=mask)
-            if FIXUP:
-                _split_fixup(h_ptr, act_ptr, act_scale_ptr, counter_ptr, pid_m, pid_n, slot_safe, row_ok, N,
-                             stride_hm, stride_split, stride_asm, BLOCK_M, BLOCK_N, SPLIT_K, FIX_N, QUANT_OUT,
-                             ROUND_FIRST)
 
 
 @triton.jit
@@ -457,48 +448,6 @@ def _split_sum(gu_ptr, offs, ok, stride_split, SPLIT_K: tl.constexpr):
     for s in tl.static_range(1, SPLIT_K):
         acc += tl.load(gu_ptr + s * stride_split + offs, mask=ok, other=0.0)
     return acc
-
-
-@triton.jit
-def _split_fixup(gu_ptr, act_ptr, act_scale_ptr, counter_ptr, pid_m, pid_n, slot_safe, row_ok, N, stride_gu,
-                 stride_split, stride_asm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-                 FIX_N: tl.constexpr,
-                 QUANT_OUT: tl.constexpr, ROUND_FIRST: tl.constexpr):
-    """After a split-K program stored its partials: count it in for its chunk (FIX_N columns of h of its row
-    tile); the chunk's last program adds every split's partials in split order, applies the activation and
-    writes h (as ``_swiglu`` does: the same arithmetic, the same bits), then zeroes the count for the next
-    layer. No launch follows GEMM1 for the activation.
-
-    Every thread's partials are stored before the count (a CTA barrier, then the atomic's release at GPU
-    scope), and the last program reads the others' after its atomic's acquire, past L1 (``.cg``)."""
-    chunk = pid_n * BLOCK_N // FIX_N
-    tiles = tl.minimum(FIX_N // BLOCK_N, tl.cdiv(N, BLOCK_N) - chunk * (FIX_N // BLOCK_N))  # column tiles in it
-    counter = counter_ptr + pid_m * tl.cdiv(N, FIX_N) + chunk
-    tl.debug_barrier()
-    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLIT_K * tiles - 1:
-        tl.debug_barrier()
-        cols = chunk * FIX_N + tl.arange(0, FIX_N)  # [FIX_N]
-        ok = row_ok[:, None] & (cols < N)[None, :]
-        offs = slot_safe[:, None] * stride_gu + cols[None, :]  # [BM, FIX_N]
-        g = tl.load(gu_ptr + offs, mask=ok, other=0.0, cache_modifier=".cg")
-        u = tl.load(gu_ptr + offs + N, mask=ok, other=0.0, cache_modifier=".cg")
-        for s in tl.static_range(1, SPLIT_K):
-            g += tl.load(gu_ptr + s * stride_split + offs, mask=ok, other=0.0, cache_modifier=".cg")
-            u += tl.load(gu_ptr + s * stride_split + offs + N, mask=ok, other=0.0, cache_modifier=".cg")
-        h = g * tl.sigmoid(g) * u  # [BM, FIX_N]
-        h_ptrs = act_ptr + slot_safe[:, None] * N + cols[None, :]
-        if QUANT_OUT:  # one scale per 128 columns of each row
-            groups = tl.reshape(h, (BLOCK_M, FIX_N // 128, 128))
-            scale = tl.maximum(tl.max(tl.abs(groups), axis=2), 1e-12) / 448.0  # [BM, FIX_N // 128]
-            q = tl.minimum(tl.maximum(groups / scale[:, :, None], -448.0), 448.0)
-            q = tl.reshape(to_fp8(q, act_ptr.dtype.element_ty, ROUND_FIRST), (BLOCK_M, FIX_N))
-            tl.store(h_ptrs, q, mask=ok)
-            group = chunk * (FIX_N // 128) + tl.arange(0, FIX_N // 128)  # [FIX_N // 128]
-            tl.store(act_scale_ptr + slot_safe[:, None] * stride_asm + group[None, :], scale,
-                     mask=row_ok[:, None] & (group * 128 < N)[None, :])
-        else:
-            tl.store(h_ptrs, h.to(act_ptr.dtype.element_ty), mask=ok)
-        tl.store(counter, 0)
 
 
 @triton.jit(do_not_specialize=["stride_split"])
@@ -729,14 +678,14 @@ def fused_moe(
     assert topk_weights.is_contiguous() and topk_weights.dtype == torch.float32
     quant = _QUANT[fp8_scheme]
     assert quant != QUANT_BLOCK or config.BLOCK_SIZE_K == 128, "128x128 block scales need BLOCK_SIZE_K = 128"
+    assert quant == QUANT_BLOCK or not config.gemm1_quant_x, "gemm1_quant_x is for fp8-block128"
     per_tensor = fp8_scheme == "tensor"
     pdl = config.direct_route and dependent.has_pdl(x.device)
     launch = dict(QUANT=quant, TOPK=topk, **_launch_args(config), **dependent.launch_kwargs(pdl))
 
     static = act_scale is not None
     assert not static or fp8_scheme == "tensor", "static activation scales are per tensor"
-    # With a tile per slot, GEMM1 quantizes x's 1x128 groups itself (fp8-block128): one launch fewer.
-    x_quant = quant == QUANT_BLOCK and config.direct_route and FUSE_X_QUANT
+    x_quant = config.gemm1_quant_x  # GEMM1 quantizes x's 1x128 groups itself: no launch for x
     a1, a1_scale = (x, None) if quant == QUANT_NONE or x_quant else quantize_act(
         x, fp8_scheme, act_scale[:1] if static else None, pdl=pdl)  # [M, H] fp8
     if config.direct_route:  # a tile per slot: topk_ids serves as the tiles' expert ids, no align launch
@@ -761,20 +710,14 @@ def fused_moe(
     # Split-K: each split's gate|up partial sums, every entry written by GEMM1 (so not zeroed).
     gu = h if split == 1 else torch.empty(split, T, 2 * I, device=x.device, dtype=torch.float32)  # [split, T, 2I]
     stride_split = T * 2 * I
-    # Split-K with a tile per slot: the last split of each chunk of h applies the activation, so no
-    # _swiglu launch follows; the counts start at zero and their last program leaves them at zero.
-    fixup = split > 1 and config.direct_route and FUSE_SPLIT_ACTIVATION
-    fix_n = max(config.BLOCK_SIZE_N, 128) if quant_out else config.BLOCK_SIZE_N
-    counters = torch.zeros(max_blocks * triton.cdiv(I, fix_n), device=x.device, dtype=torch.int32) if fixup else None
     k1 = _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N) * split,)](
         a1, w13, gu, act_scale[1:] if static else None, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
-        h, h_scale, counters, T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2),
-        stride_split, 0 if h_scale is None else h_scale.stride(0), *_scale_strides(a1_scale, 2, per_tensor),
-        *_scale_strides(w13_scale, 3), SPLIT_K=split, MERGED=config.gemm1_merged, STATIC_OUT=static_out,
-        ROUND_FIRST=interpreting(), X_QUANT=x_quant, FIXUP=fixup, FIX_N=fix_n, QUANT_OUT=quant_out,
+        T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2), stride_split,
+        *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split,
+        MERGED=config.gemm1_merged, STATIC_OUT=static_out, ROUND_FIRST=interpreting(), X_QUANT=x_quant,
         EVEN_K=H % config.BLOCK_SIZE_K == 0, EVEN_N=I % config.BLOCK_SIZE_N == 0, **launch,
     )
-    if split > 1 and T and not fixup:
+    if split > 1 and T:
         _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0), stride_split, SPLIT_K=split,
                       BLOCK_N=min(1024, triton.next_power_of_2(I)), QUANT_OUT=quant_out,
                       BLOCK_G=min(8, triton.next_power_of_2(triton.cdiv(I, 128))), ROUND_FIRST=interpreting(),

@@ -36,6 +36,8 @@ class TritonPath:
         if problem.spec.fp8_scheme == "block128" and cfg.BLOCK_SIZE_K != 128:
             raise UserError(f"tile config: fp8-block128 needs BLOCK_SIZE_K=128 (one scale block per step), "
                             f"not {cfg.BLOCK_SIZE_K}")
+        if cfg.gemm1_quant_x and problem.spec.fp8_scheme != "block128":
+            raise UserError(f"tile config: gemm1_quant_x is for fp8-block128, not {problem.spec.name}")
         w = inputs.weights
 
         def run(out: torch.Tensor) -> None:
