@@ -179,7 +179,6 @@ def test_split_k_matches_reference(dtype, swap_ab):
 
 def test_triton_path_refuses_a_block128_config_without_128_wide_k_steps():
     """fp8-block128 with a K step that is not one 128-wide scale block is refused in one line."""
-
     path = get_path("triton")
     block = Problem(_shape(8, 128, 64, 2), 4, "fp8-block128")
     with pytest.raises(UserError, match="BLOCK_SIZE_K=128"):
