@@ -76,7 +76,7 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
     """Distinct configs to try for ``problem``: the class's shapes x Swap-AB x the top-k sum's two forms
     (x a split-K variant where GEMM1's grid is small, x 8 row tiles per group where experts often take two
     row tiles, x a tile per slot with no align step where slots are few against experts, x a wider GEMM2
-    tile at fp8-block128 prefill, x GEMM2 programs walking 8 column tiles, or 4 at decode, where GEMM2 has
+    tile at prefill, x GEMM2 programs walking 8 column tiles, or 4 at decode, where GEMM2 has
     at most two K steps, x GEMM1 as one merged MMA per K step for 8-warp tiles, x GEMM1 quantizing x itself
     with a tile per slot at fp8-block128: on an H200 it won where a program walks few K steps, split-K at
     M=1, and lost elsewhere, results/h200-session9), fitted to shared memory."""
@@ -132,9 +132,14 @@ def _tries_merged(cfg: TileConfig, spec: DtypeSpec) -> bool:
 def _gemm2_widths(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> tuple[int, ...]:
     """GEMM2 tile widths to try besides GEMM1's (0). At the fp8-block128 prefill points whose best tile was
     64x64, GEMM2 alone at 128 columns made the layer 1-7% faster on an H200 (results/h200-session3-ab,
-    gemm2-rows.jsonl), at 8 warps 4-21% slower."""
+    gemm2-rows.jsonl), at 8 warps 4-21% slower. At the bf16 and fp8-tensor prefill points whose best tile
+    was 128x128 at 8 warps, GEMM2 at 256 columns (its activation tile read from L2 half as often) made
+    Mixtral 1.02-1.035x faster at M = 1024 and 4096, Qwen3 bf16 even at M=1024 and 1.05x slower at M=4096
+    (results/h200-session9/gemm2-wide.jsonl)."""
     if spec.fp8_scheme == "block128" and per_expert > 48 and cfg.BLOCK_SIZE_N == 64:
         return (0, 128)
+    if spec.fp8_scheme != "block128" and per_expert > 192 and cfg.BLOCK_SIZE_N == 128 and cfg.num_warps == 8:
+        return (0, 256)
     return (0,)
 
 

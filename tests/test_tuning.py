@@ -81,13 +81,18 @@ def test_direct_route_only_where_slots_are_few_against_experts():
     assert not any(c.direct_route for c in candidates(Problem(ds, 4096, "fp8-block128")))
 
 
-def test_wider_gemm2_tile_tried_at_block128_prefill_only():
-    """fp8-block128 prefill tiles 64 wide also come with GEMM2 at 128 columns; decode and bf16 do not."""
+def test_wider_gemm2_tile_tried_at_prefill_only():
+    """fp8-block128 prefill tiles 64 wide also come with GEMM2 at 128 columns, and bf16 / fp8-tensor prefill
+    tiles 128 wide at 8 warps with GEMM2 at 256; no other tile, and nothing at decode."""
     ds = shard(get_model("deepseek-v3"), tp=8)
     prefill = candidates(Problem(ds, 4096, "fp8-block128"))
     assert {c.block_n2 for c in prefill if c.BLOCK_SIZE_N == 64} == {64, 128}
-    assert all(c.block_n2 == c.BLOCK_SIZE_N for c in candidates(Problem(ds, 1, "fp8-block128")))
-    assert all(c.block_n2 == c.BLOCK_SIZE_N for c in candidates(Problem(get_model("qwen3-30b-a3b"), 4096, "bf16")))
+    assert all(c.block_n2 == c.BLOCK_SIZE_N for c in prefill if c.BLOCK_SIZE_N != 64)
+    for dtype in ("bf16", "fp8-tensor"):
+        wide = [c for c in candidates(Problem(get_model("qwen3-30b-a3b"), 4096, dtype)) if c.block_n2 != c.BLOCK_SIZE_N]
+        assert wide and all(c.block_n2 == 256 and c.BLOCK_SIZE_N == 128 and c.num_warps == 8 for c in wide)
+    for problem in (Problem(ds, 1, "fp8-block128"), Problem(get_model("mixtral-8x7b"), 16, "bf16")):
+        assert all(c.block_n2 == c.BLOCK_SIZE_N for c in candidates(problem))
 
 
 def test_gemm2_walks_column_tiles_only_where_its_k_loop_is_short():
