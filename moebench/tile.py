@@ -80,7 +80,7 @@ class TileConfig:
         """Whether vLLM's and SGLang's kernels run this config as written (no moebench-only field set)."""
         return (not self.swap_ab and self.atomic_sum and self.split_k == 1 and not self.direct_route
                 and self.gemm2_block_n in (0, self.BLOCK_SIZE_N)
-                and self.gemm2_n_tiles == 1 and not self.gemm1_merged and not self.gemm1_quant_x)
+                and self.gemm2_n_tiles == 1 and not self.gemm1_merged)  # gemm1_quant_x implies direct_route
 
     @property
     def block_n2(self) -> int:

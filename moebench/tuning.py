@@ -31,14 +31,16 @@ _MID = (T(64, 64, 64, 8, 4, 4), T(64, 128, 64, 8, 4, 4), T(64, 128, 128, 8, 4, 3
 # and it was 0-2% faster than 4 stages (results/h200-session3-ab).
 _LARGE = (T(128, 128, 64, 8, 8, 3), T(128, 128, 64, 8, 8, 4), T(64, 256, 64, 8, 8, 3), T(64, 128, 64, 8, 4, 4),
           T(64, 64, 64, 8, 4, 4), T(64, 64, 64, 8, 4, 3))
+# The most slots per expert of the decode, small and mid classes; above MID_MAX, prefill (_LARGE).
+DECODE_MAX, SMALL_MAX, MID_MAX = 16, 48, 192
 
 
 def _classes(per_expert: float) -> tuple[TileConfig, ...]:
-    if per_expert <= 16:
+    if per_expert <= DECODE_MAX:
         return _DECODE
-    if per_expert <= 48:
+    if per_expert <= SMALL_MAX:
         return _SMALL
-    if per_expert <= 192:
+    if per_expert <= MID_MAX:
         return _MID
     return _LARGE
 
@@ -78,8 +80,7 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
     row tiles, x a tile per slot with no align step where slots are few against experts, x a wider GEMM2
     tile at prefill, x GEMM2 programs walking 8 column tiles, or 4 at decode, where GEMM2 has
     at most two K steps, x GEMM1 as one merged MMA per K step for 8-warp tiles, x GEMM1 quantizing x itself
-    with a tile per slot at fp8-block128: on an H200 it won where a program walks few K steps, split-K at
-    M=1, and lost elsewhere, results/h200-session9), fitted to shared memory."""
+    with a tile per slot at fp8-block128), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
     # A tile per slot reads an expert's weights once per slot routed to it, so only where few slots share
@@ -104,6 +105,8 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
                 merged = replace(c, gemm1_merged=True)
                 out.setdefault(merged.key(), merged)
             if route and spec.fp8_scheme == "block128":
+                # On an H200 it won where a program walks few K steps (split-K at M=1) and lost where it
+                # walks 14-16 (results/h200-session9/ab-fusions.jsonl), so the tuner measures both.
                 quant_x = replace(c, gemm1_quant_x=True)
                 out.setdefault(quant_x.key(), quant_x)
     return list(out.values())
@@ -136,9 +139,9 @@ def _gemm2_widths(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> tuple[
     was 128x128 at 8 warps, GEMM2 at 256 columns (its activation tile read from L2 half as often) made
     Mixtral 1.02-1.035x faster at M = 1024 and 4096, Qwen3 bf16 even at M=1024 and 1.05x slower at M=4096
     (results/h200-session9/gemm2-wide.jsonl)."""
-    if spec.fp8_scheme == "block128" and per_expert > 48 and cfg.BLOCK_SIZE_N == 64:
+    if spec.fp8_scheme == "block128" and per_expert > SMALL_MAX and cfg.BLOCK_SIZE_N == 64:
         return (0, 128)
-    if spec.fp8_scheme != "block128" and per_expert > 192 and cfg.BLOCK_SIZE_N == 128 and cfg.num_warps == 8:
+    if spec.fp8_scheme != "block128" and per_expert > MID_MAX and cfg.BLOCK_SIZE_N == 128 and cfg.num_warps == 8:
         return (0, 256)
     return (0,)
 
