@@ -80,7 +80,8 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
     row tiles, x a tile per slot with no align step where slots are few against experts, x a wider GEMM2
     tile at prefill, x GEMM2 programs walking 8 column tiles, or 4 at decode, where GEMM2 has
     at most two K steps, x GEMM1 as one merged MMA per K step for 8-warp tiles, x GEMM1 quantizing x itself
-    with a tile per slot at fp8-block128), fitted to shared memory."""
+    with a tile per slot at fp8-block128, x GEMM1 reading its weights by TMA at fp8 with the align step), fitted
+    to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
     # A tile per slot reads an expert's weights once per slot routed to it, so only where few slots share
@@ -104,6 +105,9 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
             if _tries_merged(c, spec):
                 merged = replace(c, gemm1_merged=True)
                 out.setdefault(merged.key(), merged)
+            if _tries_tma(c, spec, per_expert):
+                tma = replace(c, gemm1_tma=True)
+                out.setdefault(tma.key(), tma)
             if route and spec.fp8_scheme == "block128":
                 # On an H200 it won where a program walks few K steps (split-K at M=1) and lost where it
                 # walks 14-16 (results/h200-session9/ab-fusions.jsonl), so the tuner measures both.
@@ -130,6 +134,16 @@ def _tries_merged(cfg: TileConfig, spec: DtypeSpec) -> bool:
     fp8-tensor and Qwen3 bf16 M=4096); it was even with Swap-AB, even at fp8-block128 and 0.4-2.3% slower
     with 4-warp tiles."""
     return cfg.num_warps == 8 and not cfg.swap_ab and spec.fp8_scheme != "block128"
+
+
+def _tries_tma(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> bool:
+    """Whether to try GEMM1 reading its weight tiles by TMA (``gemm1_tma``). On an H200, each point at its best
+    config (results/h200-session10/gemm1-tma.jsonl), it made the fp8 layers with 16 or more slots per expert
+    up to 3.3% faster (Mixtral fp8-tensor M=4096; the fp8-block128 points of M >= 256 by 0.2-2.2%) and 3.6%
+    slower at Mixtral fp8-tensor M=1024; bf16 at M >= 1024 even to 8.6% slower; decode within 1.2%. Only
+    without Swap-AB, which these points mostly lose, so the tuner's candidates grow by half, not double."""
+    return (spec.is_fp8 and per_expert >= DECODE_MAX and not cfg.swap_ab and not cfg.gemm1_merged
+            and not cfg.direct_route)
 
 
 def _gemm2_widths(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> tuple[int, ...]:

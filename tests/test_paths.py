@@ -153,6 +153,25 @@ def test_no_recompile_as_token_count_changes():
     assert len(set(counts)) == 1, counts
 
 
+@pytest.mark.parametrize("variant", [{}, {"swap_ab": True}, {"split_k": 2}])
+@pytest.mark.parametrize("dtype", ["fp16", "fp8-tensor", "fp8-block128"] + (["bf16"] if GPU else []))
+def test_gemm1_weights_by_tma_match_reference(dtype, variant):
+    """GEMM1 reading its weight tiles through a tensor descriptor matches the reference where the tiles
+    overhang: hidden 96 against 64- and 128-wide K steps (TMA reads zeros past K), I = 48 against 32
+    columns (the second tile's last rows are up rows or the next expert's, whose columns are masked)."""
+    problem = Problem(_shape(6, 96, 48, 2), 33, dtype, seed=9)
+    inputs = make_inputs(problem, DEVICE, draw=1)
+    block_k = 128 if dtype == "fp8-block128" else 64
+    config = TileConfig(16, 32, block_k, 1, 4, 2, gemm1_tma=True, **variant)
+    result = check_point(get_path("triton"), problem, inputs, config)
+    assert result.correct, f"rel. error {result.rel_err}"
+
+
+def test_gemm1_tma_is_refused_with_the_merged_mma():
+    with pytest.raises(UserError, match="gemm1_tma"):
+        TileConfig(16, 32, 64, gemm1_tma=True, gemm1_merged=True)
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "fp8-channel", "fp8-block128"] + (["bf16"] if GPU else []))
 @pytest.mark.parametrize("case", [CASES[2], CASES[3]])
 def test_stored_topk_sum_matches_reference(case, dtype):

@@ -132,6 +132,20 @@ def test_x_quantized_by_gemm1_tried_with_a_tile_per_slot_at_block128_only():
     assert not any(c.gemm1_quant_x for c in candidates(Problem(get_model("qwen3-30b-a3b"), 1, "bf16")))
 
 
+def test_gemm1_weights_by_tma_tried_at_fp8_with_16_or_more_slots_per_expert():
+    """Each candidate without Swap-AB of an fp8 point with 16 or more slots per expert has a twin reading
+    GEMM1's weights by TMA (not with the merged MMA or a tile per slot); bf16 and decode points have none."""
+    for model, m, dtype in ((get_model("qwen3-30b-a3b"), 1024, "fp8-block128"),
+                            (get_model("mixtral-8x7b"), 4096, "fp8-tensor")):
+        cands = candidates(Problem(model, m, dtype))
+        tried = [c for c in cands if c.gemm1_tma]
+        assert {replace(c, gemm1_tma=False).key() for c in tried} == {
+            c.key() for c in cands if not (c.gemm1_tma or c.swap_ab or c.gemm1_merged or c.direct_route)}
+    ds = shard(get_model("deepseek-v3"), tp=8)
+    assert not any(c.gemm1_tma for c in candidates(Problem(ds, 4, "fp8-block128")))  # 0.125 slots per expert
+    assert not any(c.gemm1_tma for c in candidates(Problem(get_model("mixtral-8x7b"), 4096, "bf16")))
+
+
 def test_grouped_row_tiles_tried_where_experts_often_take_two_row_tiles():
     """Where the average slots per expert pass half a tile's height, a class shape of one row tile per
     group is also tried with 8 (an expert's second row tile then reads its weights from L2), never with a

@@ -110,8 +110,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from moebench._interpret import interpreting
+from moebench.errors import UserError
 from moebench.kernels import pdl as dependent
 from moebench.kernels.act_quant import quantize_act, to_fp8
 from moebench.routing import moe_align
@@ -308,6 +310,8 @@ def _gemm1_swiglu(
     STATIC_OUT: tl.constexpr,  # h written in fp8 at a static per-tensor scale (fp8-tensor-static, SPLIT_K == 1)
     ROUND_FIRST: tl.constexpr,
     X_QUANT: tl.constexpr,  # QUANT 2: x read in its own dtype and quantized in the K loop (x_scale_ptr unused)
+    w_desc,  # TMA_W: a tensor descriptor of w13 as [E * 2N, K], blocks [BLOCK_N, BLOCK_K]; else None
+    TMA_W: tl.constexpr,  # the weight tiles read by TMA (gemm1_tma)
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
@@ -337,7 +341,7 @@ def _gemm1_swiglu(
                                             pid_n * BLOCK_N, offs_n, n_ok, offs_k, k_first, k_last, N, K, stride_wn,
                                             stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk, BLOCK_M,
                                             BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N, X_QUANT,
-                                            ROUND_FIRST)  # [BM, BN] or [BN, BM] each
+                                            ROUND_FIRST, w_desc, TMA_W)  # [BM, BN] or [BN, BM] each
 
         slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
         mask = _grid_and(row_ok, n_ok, SWAP_AB)
@@ -361,23 +365,35 @@ def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_o
                      k_first, k_last, N, K, stride_wn, stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
                      QUANT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, X_QUANT: tl.constexpr,
-                     ROUND_FIRST: tl.constexpr):
+                     ROUND_FIRST: tl.constexpr, w_desc, TMA_W: tl.constexpr):
     """GEMM1's K steps ``[k_first, k_last)`` of one tile as a gate MMA and an up MMA per step:
     the gate and up accumulators, [BM, BN] each ([BN, BM] swapped). ``w_ptr`` is the expert's w13.
 
     With ``EVEN_K`` the loads carry no K mask (``_load_a``); with ``EVEN_N`` too, the weight loads carry
     no mask at all, and at fp8-block128 the tile's gate (and up) columns lie in one 128-row weight block
     (BLOCK_N divides 128 and N), so each K step reads one gate and one up scale and scales the product by
-    a per-token vector: one FMA per element."""
+    a per-token vector: one FMA per element.
+
+    ``TMA_W``: the gate and up tiles are read by TMA through ``w_desc`` (rows of w13 as [E * 2N, K]), with
+    no pointer tensors; past K, TMA reads zeros, and rows past N (the up rows, or the next expert's) feed
+    only columns the store masks."""
+    g_row = (expert * 2 * N + n_first).to(tl.int32)  # TMA_W: the gate tile's first row of w13 as [E * 2N, K]
     g_ptrs = w_ptr + _grid(offs_k + k_first * BLOCK_K, offs_n * stride_wn, SWAP_AB)  # [BK, BN] or [BN, BK]
     u_ptrs = g_ptrs + N * stride_wn
     acc_g = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(k_first, k_last):
         k_ok = offs_k < K - k * BLOCK_K
-        b_mask = _grid_and(k_ok, n_ok, SWAP_AB)
-        g = _load(g_ptrs, b_mask, EVEN_K and EVEN_N)
-        u = _load(u_ptrs, b_mask, EVEN_K and EVEN_N)
+        if TMA_W:
+            g = w_desc.load([g_row, k * BLOCK_K])  # [BN, BK]
+            u = w_desc.load([g_row + N, k * BLOCK_K])
+            if not SWAP_AB:
+                g = g.T
+                u = u.T
+        else:
+            b_mask = _grid_and(k_ok, n_ok, SWAP_AB)
+            g = _load(g_ptrs, b_mask, EVEN_K and EVEN_N)
+            u = _load(u_ptrs, b_mask, EVEN_K and EVEN_N)
         if QUANT == 2:  # 128x128 blocks: scale each K step's partial product
             a, xs = _a_block128(a_ptrs, x_scale_ptr, tok, k, row_ok, k_ok, stride_xsm, stride_xsk,
                                 w_ptr.dtype.element_ty, EVEN_K, SWAP_AB, X_QUANT, ROUND_FIRST)  # xs [BM]
@@ -630,6 +646,14 @@ def _topk_sum(rows_ptr, out_ptr, N, stride_r, stride_o, TOPK: tl.constexpr, BLOC
     tl.store(out_ptr + m * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
+def _weight_descriptor(w13: torch.Tensor, cfg: TileConfig) -> TensorDescriptor:
+    """A TMA descriptor of w13 [E, 2I, hidden] as [E * 2I, hidden], blocks [BLOCK_N, BLOCK_K] (gemm1_tma)."""
+    E, two_i, H = w13.shape
+    if (H * w13.element_size()) % 16:
+        raise UserError(f"gemm1_tma: rows of {H} x {w13.element_size()} bytes are not a multiple of 16 (TMA)")
+    return TensorDescriptor.from_tensor(w13.view(E * two_i, H), [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
+
+
 def _launch_args(cfg: TileConfig) -> dict:
     return dict(
         BLOCK_M=cfg.BLOCK_SIZE_M,
@@ -715,7 +739,8 @@ def fused_moe(
         T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2), stride_split,
         *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split,
         MERGED=config.gemm1_merged, STATIC_OUT=static_out, ROUND_FIRST=interpreting(), X_QUANT=x_quant,
-        EVEN_K=H % config.BLOCK_SIZE_K == 0, EVEN_N=I % config.BLOCK_SIZE_N == 0, **launch,
+        EVEN_K=H % config.BLOCK_SIZE_K == 0, EVEN_N=I % config.BLOCK_SIZE_N == 0,
+        w_desc=_weight_descriptor(w13, config) if config.gemm1_tma else None, TMA_W=config.gemm1_tma, **launch,
     )
     if split > 1 and T:
         _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0), stride_split, SPLIT_K=split,
