@@ -132,6 +132,8 @@ def _short_config(c: dict) -> str:
         text += " merged"
     if c.get("gemm1_quant_x"):
         text += " quant-x"
+    if c.get("gemm1_tma"):
+        text += " tma"
     return text
 
 

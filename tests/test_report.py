@@ -254,7 +254,7 @@ def test_gains_config_names_the_fields_set_away_from_their_defaults():
 
     df = _tuned_rows()
     df.loc[df["time_us"] == 80.0, "config"] = [{**df.loc[0, "config"], "GROUP_SIZE_M": 8, "swap_ab": True,
-                                                "atomic_sum": False, "split_k": 4}]
+                                                "atomic_sum": False, "split_k": 4, "gemm1_tma": True}]
     g = gains_table(df).set_index("dtype")
-    assert g.loc["bf16", "config"] == "16x64x128 w4 s3 g8 swap stored-sum split4"
+    assert g.loc["bf16", "config"] == "16x64x128 w4 s3 g8 swap stored-sum split4 tma"
     assert g.loc["fp8-tensor", "config"] == "16x64x128 w4 s3 swap"  # GROUP_SIZE_M 1: not named

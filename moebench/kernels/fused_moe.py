@@ -75,6 +75,12 @@ to 2.3% slower elsewhere (``results/h200-session6``), so the tuner tries it for 
 **x quantized by GEMM1** (``gemm1_quant_x``, fp8-block128 with a tile per slot): each K step reads x's
 rows in bf16 and quantizes their 1x128 group itself, so the layer has no launch for x (``_a_block128``).
 
+**GEMM1's weights by TMA** (``gemm1_tma``): the gate and up tiles come through a tensor descriptor of w13
+as ``[E * 2I, hidden]`` instead of pointer tensors (the token rows stay pointer loads: they are gathered
+by slot, which Hopper's TMA cannot do). On an H200 at each point's best config it made the fp8-block128
+layers of M >= 1024 1.3-2.2% faster and the bf16 prefill ones up to 4% slower
+(``results/h200-session10/gemm1-tma.jsonl``), so it is a field the tuner tries at fp8.
+
 **Programmatic dependent launch** (with ``direct_route``, on sm90; ``kernels/pdl.py``): every Triton
 launch of the layer (activation quantization, the GEMMs, the split-K activation, the top-k sum) is a
 programmatic dependent, so its programs start while the previous launch ends. A GEMM program reads its
