@@ -105,7 +105,7 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
             if _tries_merged(c, spec):
                 merged = replace(c, gemm1_merged=True)
                 out.setdefault(merged.key(), merged)
-            if _tries_tma(c, spec, per_expert):
+            if _tries_tma(c, spec, per_expert, s.hidden):
                 tma = replace(c, gemm1_tma=True)
                 out.setdefault(tma.key(), tma)
             if route and spec.fp8_scheme == "block128":
@@ -136,16 +136,17 @@ def _tries_merged(cfg: TileConfig, spec: DtypeSpec) -> bool:
     return cfg.num_warps == 8 and not cfg.swap_ab and spec.fp8_scheme != "block128"
 
 
-def _tries_tma(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> bool:
+def _tries_tma(cfg: TileConfig, spec: DtypeSpec, per_expert: float, hidden: int) -> bool:
     """Whether to try GEMM1 reading its weight tiles by TMA (``gemm1_tma``). On an H200, each point at its best
     config (results/h200-session10/gemm1-tma.jsonl), it made the fp8 layers with 16 or more slots per expert
     up to 3.3% faster (Mixtral fp8-tensor M=4096; the fp8-block128 points of M >= 256 by 0.2-2.2%) and 3.6%
     slower at Mixtral fp8-tensor M=1024; bf16 at M >= 1024 even or 3.8-4.1% slower; decode within 1.2%. Only
     without Swap-AB, which these points mostly lose, so the tuner's candidates grow by half, not double. Tuned
     (results/h200-kernels-93e00f1) it won Qwen3 and DeepSeek-V3@tp8 fp8-block128 M=1024 by 1.02x over the best
-    config without it and lost Mixtral fp8-tensor M=4096 (its 3.3% above was with Swap-AB)."""
+    config without it and lost Mixtral fp8-tensor M=4096 (its 3.3% above was with Swap-AB). TMA needs rows
+    of a multiple of 16 bytes."""
     return (spec.is_fp8 and per_expert >= DECODE_MAX and not cfg.swap_ab and not cfg.gemm1_merged
-            and not cfg.direct_route)
+            and not cfg.direct_route and hidden * spec.weight_bytes % 16 == 0)
 
 
 def _gemm2_widths(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> tuple[int, ...]:

@@ -144,6 +144,8 @@ def test_gemm1_weights_by_tma_tried_at_fp8_with_16_or_more_slots_per_expert():
     ds = shard(get_model("deepseek-v3"), tp=8)
     assert not any(c.gemm1_tma for c in candidates(Problem(ds, 4, "fp8-block128")))  # 0.125 slots per expert
     assert not any(c.gemm1_tma for c in candidates(Problem(get_model("mixtral-8x7b"), 4096, "bf16")))
+    odd_rows = replace(get_model("qwen3-30b-a3b"), hidden=2056)  # 2056 fp8 bytes: not a multiple of 16
+    assert not any(c.gemm1_tma for c in candidates(Problem(odd_rows, 1024, "fp8-block128")))
 
 
 def test_grouped_row_tiles_tried_where_experts_often_take_two_row_tiles():
