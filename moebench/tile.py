@@ -103,6 +103,11 @@ class TileConfig:
         return tuple(asdict(self).values())
 
 
+def tma_rows(row_elems: int, elem_bytes: int) -> bool:
+    """Whether rows of a matrix can be read by TMA (``gemm1_tma``): their bytes a multiple of 16."""
+    return row_elems * elem_bytes % 16 == 0
+
+
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory one block may use on sm90
 
 

@@ -17,7 +17,7 @@ from itertools import product
 
 from moebench.dtypes import DtypeSpec
 from moebench.problem import Problem
-from moebench.tile import TileConfig, fit_stages
+from moebench.tile import TileConfig, fit_stages, tma_rows
 
 T = TileConfig
 SMS = 132  # H100/H200 SXM multiprocessors: the grid size split-K aims to fill
@@ -146,7 +146,7 @@ def _tries_tma(cfg: TileConfig, spec: DtypeSpec, per_expert: float, hidden: int)
     config without it and lost Mixtral fp8-tensor M=4096 (its 3.3% above was with Swap-AB). TMA needs rows
     of a multiple of 16 bytes."""
     return (spec.is_fp8 and per_expert >= DECODE_MAX and not cfg.swap_ab and not cfg.gemm1_merged
-            and not cfg.direct_route and hidden * spec.weight_bytes % 16 == 0)
+            and not cfg.direct_route and tma_rows(hidden, spec.weight_bytes))
 
 
 def _gemm2_widths(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> tuple[int, ...]:

@@ -123,7 +123,7 @@ from moebench.errors import UserError
 from moebench.kernels import pdl as dependent
 from moebench.kernels.act_quant import quantize_act, to_fp8
 from moebench.routing import moe_align
-from moebench.tile import TileConfig
+from moebench.tile import TileConfig, tma_rows
 
 QUANT_NONE, QUANT_ROWCOL, QUANT_BLOCK = 0, 1, 2
 _QUANT = {None: QUANT_NONE, "tensor": QUANT_ROWCOL, "channel": QUANT_ROWCOL, "block128": QUANT_BLOCK}
@@ -206,6 +206,18 @@ def _a_block128(a_ptrs, x_scale_ptr, tok, k, row_ok, k_ok, stride_xsm, stride_xs
     else:
         xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)
     return a, xs
+
+
+@triton.jit
+def _block_scale(xs, ws, n_first, offs_n, n_ok, stride_wsn, ONE_BLOCK: tl.constexpr, SWAP_AB: tl.constexpr):
+    """fp8-block128: the scale of one K step's product, the token rows' group scales ``xs`` [BM] times the
+    weight-block scale of each column (``ws``: the expert's scales at this K step, a row per 128 weight
+    rows). With ``ONE_BLOCK`` the tile's columns from ``n_first`` lie in one block (EVEN_N, BLOCK_N <= 128):
+    one weight scale, so a per-token vector; else one per column ``offs_n``, masked by ``n_ok``."""
+    if ONE_BLOCK:
+        return _per_token(xs * tl.load(ws + (n_first // 128) * stride_wsn), SWAP_AB)
+    else:
+        return _grid_mul(xs, tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
 
 
 @triton.jit
@@ -404,13 +416,9 @@ def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_o
             a, xs = _a_block128(a_ptrs, x_scale_ptr, tok, k, row_ok, k_ok, stride_xsm, stride_xsk,
                                 w_ptr.dtype.element_ty, EVEN_K, SWAP_AB, X_QUANT, ROUND_FIRST)  # xs [BM]
             ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
-            if EVEN_N and BLOCK_N <= 128:  # one gate and one up scale for the tile
-                g_scale = _per_token(xs * tl.load(ws + (n_first // 128) * stride_wsn), SWAP_AB)
-                u_scale = _per_token(xs * tl.load(ws + ((N + n_first) // 128) * stride_wsn), SWAP_AB)
-            else:  # [BN] scales
-                g_scale = _grid_mul(xs, tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
-                u_scale = _grid_mul(xs, tl.load(ws + ((N + offs_n) // 128) * stride_wsn, mask=n_ok, other=0.0),
-                                    SWAP_AB)
+            g_scale = _block_scale(xs, ws, n_first, offs_n, n_ok, stride_wsn, EVEN_N and BLOCK_N <= 128, SWAP_AB)
+            u_scale = _block_scale(xs, ws, N + n_first, N + offs_n, n_ok, stride_wsn, EVEN_N and BLOCK_N <= 128,
+                                   SWAP_AB)
             acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * g_scale
             acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * u_scale
         else:
@@ -597,10 +605,7 @@ def _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_sa
     if QUANT == 2:
         hs = tl.load(h_scale_ptr + slot_safe * stride_hsm + k * stride_hsk)  # [BM]
         ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
-        if EVEN_N and BLOCK_N <= 128:  # one weight scale for the tile
-            scale = _per_token(hs * tl.load(ws + (n_first // 128) * stride_wsn), SWAP_AB)
-        else:
-            scale = _grid_mul(hs, tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
+        scale = _block_scale(hs, ws, n_first, offs_n, n_ok, stride_wsn, EVEN_N and BLOCK_N <= 128, SWAP_AB)
         return acc + _mma(a, b, tl.zeros_like(acc), SWAP_AB) * scale
     else:
         return _mma(a, b, acc, SWAP_AB)
@@ -655,7 +660,7 @@ def _topk_sum(rows_ptr, out_ptr, N, stride_r, stride_o, TOPK: tl.constexpr, BLOC
 def _weight_descriptor(w13: torch.Tensor, cfg: TileConfig) -> TensorDescriptor:
     """A TMA descriptor of w13 [E, 2I, hidden] as [E * 2I, hidden], blocks [BLOCK_N, BLOCK_K] (gemm1_tma)."""
     E, two_i, H = w13.shape
-    if (H * w13.element_size()) % 16:
+    if not tma_rows(H, w13.element_size()):
         raise UserError(f"gemm1_tma: rows of {H} x {w13.element_size()} bytes are not a multiple of 16 (TMA)")
     return TensorDescriptor.from_tensor(w13.view(E * two_i, H), [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
 
