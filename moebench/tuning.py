@@ -3,8 +3,9 @@
 The token tile height follows the average slots per expert (``M * topk / E``),
 as in ``tile.default_config``; around it a handful of shapes that are known
 to do well on Hopper for grouped GEMMs are tried, each with and without
-Swap-AB and with both forms of the top-k sum (atomics: a zeroed float32
-output and a cast after; stored rows: one sum launch), so a sweep reports
+Swap-AB and with the three forms of the top-k sum (atomics into a zeroed
+float32 buffer and a cast after, atomics into the output itself, or stored
+rows and one sum launch), so a sweep reports
 them all and keeps the fastest; where GEMM1's grid would leave SMs idle, a
 split-K variant is added. Each candidate is checked against the reference
 before it is timed (the runner does that).
@@ -15,6 +16,9 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import product
 
+import torch
+
+from moebench._interpret import interpreting
 from moebench.dtypes import DtypeSpec
 from moebench.problem import Problem
 from moebench.tile import TileConfig, fit_stages, tma_rows
@@ -75,7 +79,7 @@ def _for_dtype(base: TileConfig, spec: DtypeSpec) -> TileConfig:
 
 
 def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> list[TileConfig]:
-    """Distinct configs to try for ``problem``: the class's shapes x Swap-AB x the top-k sum's two forms
+    """Distinct configs to try for ``problem``: the class's shapes x Swap-AB x the top-k sum's forms
     (x a split-K variant where GEMM1's grid is small, x 8 row tiles per group where experts often take two
     row tiles, x a tile per slot with no align step where slots are few against experts, x a wider GEMM2
     tile at prefill, x GEMM2 programs walking 8 column tiles, or 4 at decode, where GEMM2 has
@@ -95,12 +99,12 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
         widths = _gemm2_widths(cfg, spec, per_expert)
         walks = _gemm2_walks(cfg, s.intermediate, per_expert)
         groups = _groups(cfg, per_expert)
-        for swap, atomic, split, route, n2, walk, group in product(swap_ab, (True, False), splits, direct, widths,
-                                                                   walks, groups):
+        for swap, (atomic, into_out), split, route, n2, walk, group in product(
+                swap_ab, _sum_forms(spec), splits, direct, widths, walks, groups):
             if route and group != cfg.GROUP_SIZE_M:
                 continue  # a tile per slot: no two row tiles share an expert's weights through grouping
-            c = replace(cfg, swap_ab=swap, atomic_sum=atomic, split_k=split, direct_route=route, gemm2_block_n=n2,
-                        gemm2_n_tiles=walk, GROUP_SIZE_M=group)
+            c = replace(cfg, swap_ab=swap, atomic_sum=atomic, atomic_out=into_out, split_k=split, direct_route=route,
+                        gemm2_block_n=n2, gemm2_n_tiles=walk, GROUP_SIZE_M=group)
             out.setdefault(c.key(), c)
             if _tries_merged(c, spec):
                 merged = replace(c, gemm1_merged=True)
@@ -114,6 +118,18 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
                 quant_x = replace(c, gemm1_quant_x=True)
                 out.setdefault(quant_x.key(), quant_x)
     return list(out.values())
+
+
+def _sum_forms(spec: DtypeSpec) -> tuple[tuple[bool, bool], ...]:
+    """(atomic_sum, atomic_out) of the top-k sum's forms to try: atomics into a float32 buffer, atomics into
+    the output itself, stored rows. On an H200 at each point's best config (results/h200-session11), adding
+    into the bf16 output took 0.92-0.99x the time at 24 of the 35 points (DeepSeek-V3@tp8 fp8-block128
+    M=4096 0.92x: no float32 buffer to zero, reduce in L2 and cast) and up to 1.015x at the others; with
+    top-8 in bf16 its error against the float32 reference grew from 0.29% to 0.43% (bf16 additions, in no
+    fixed order). The interpreter has no bf16 atomics, so there it is not tried for bf16 activations."""
+    if interpreting() and spec.act == torch.bfloat16:
+        return ((True, False), (False, False))
+    return ((True, False), (True, True), (False, False))
 
 
 def _groups(cfg: TileConfig, per_expert: float) -> tuple[int, ...]:
@@ -170,6 +186,9 @@ def _gemm2_walks(cfg: TileConfig, intermediate: int, per_expert: float) -> tuple
     6 steps) gained at most 2.5% and lost 5% at M = 64 with 4 (results/h200-session5). At decode 4 tiles
     keep more programs than SMs: tuned, they won DeepSeek-V3@tp8 M=4 and 16 by 1.6-2.3% and lost M=1
     (results/h200-kernels-decode-walk)."""
-    if -(-intermediate // cfg.BLOCK_SIZE_K) > 2:
-        return (1,)
+    k_steps = -(-intermediate // cfg.BLOCK_SIZE_K)
+    if k_steps > 2:
+        # At Qwen3 fp8-block128 (6 steps) M = 1024 and 4096 (64 and 256 slots per expert), 4 tiles took
+        # 0.982x and 0.960x the time at the best config; at M <= 256 1.006-1.044x (results/h200-session11).
+        return (1, 4) if k_steps <= 8 and per_expert >= 64 else (1,)
     return (1, 8) if per_expert >= 2 else (1, 4)

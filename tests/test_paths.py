@@ -69,6 +69,22 @@ def test_merged_gemm1_matches_reference(dtype, swap_ab):
     assert result.correct, f"rel. error {result.rel_err}"
 
 
+@pytest.mark.parametrize("swap_ab", [False, True])
+@pytest.mark.parametrize("dtype", TRITON_DTYPES)
+def test_topk_sum_into_the_output_matches_reference(dtype, swap_ab):
+    """GEMM2's atomics adding straight into the output (``atomic_out``, bf16 or fp16 additions) match the
+    fp32 reference in every dtype and scale scheme, plain and Swap-AB, top-2 and top-6 of 6 experts."""
+    problem = Problem(_shape(6, 96, 48, 2), 33, dtype, seed=4)
+    if interpreting() and problem.spec.act == torch.bfloat16:
+        pytest.skip("the Triton interpreter has no bf16 atomics")
+    path = get_path("triton")
+    for topk in (2, 6):
+        problem = Problem(_shape(6, 96, 48, topk), 33, dtype, seed=4)
+        config = replace(path.default_config(problem), swap_ab=swap_ab, atomic_sum=True, atomic_out=True)
+        result = check_point(path, problem, make_inputs(problem, DEVICE, draw=1), config)
+        assert result.correct, f"top-{topk}: rel. error {result.rel_err}"
+
+
 @pytest.mark.parametrize("config", [
     TileConfig(16, 32, 32, 1, 4, 2),  # smallest tiles: many K steps
     TileConfig(32, 64, 16, 4, 4, 2),  # grouped tile order
@@ -170,6 +186,11 @@ def test_gemm1_weights_by_tma_match_reference(dtype, variant):
 def test_gemm1_tma_is_refused_with_the_merged_mma():
     with pytest.raises(UserError, match="gemm1_tma"):
         TileConfig(16, 32, 64, gemm1_tma=True, gemm1_merged=True)
+
+
+def test_topk_sum_into_the_output_needs_the_atomic_sum():
+    with pytest.raises(UserError, match="atomic_out"):
+        TileConfig(16, 32, 64, atomic_sum=False, atomic_out=True)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp8-channel", "fp8-block128"] + (["bf16"] if GPU else []))

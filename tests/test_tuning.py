@@ -38,11 +38,20 @@ def test_tile_height_grows_with_tokens_per_expert():
     assert small == 16 and large >= 128
 
 
-def test_every_class_tries_both_forms_of_the_topk_sum():
-    """Prefill and decode candidates include both the atomic epilogue and the stored-rows top-k sum."""
+def test_every_class_tries_the_three_forms_of_the_topk_sum(monkeypatch):
+    """Prefill and decode candidates include the atomic epilogue into float32 and into the output, and the
+    stored-rows top-k sum; under the interpreter (no bf16 atomics) not the output form for bf16 outputs."""
+    import moebench.tuning as tuning
+
     shape = get_model("qwen3-30b-a3b")
-    assert {c.atomic_sum for c in candidates(Problem(shape, 4096, "bf16"))} == {True, False}
-    assert {c.atomic_sum for c in candidates(Problem(shape, 1, "bf16"))} == {True, False}
+    forms = {(True, False), (True, True), (False, False)}
+    monkeypatch.setattr(tuning, "interpreting", lambda: False)
+    for m, dtype in ((4096, "bf16"), (1, "bf16"), (64, "fp8-block128")):
+        assert {(c.atomic_sum, c.atomic_out) for c in candidates(Problem(shape, m, dtype))} == forms
+    monkeypatch.setattr(tuning, "interpreting", lambda: True)
+    assert {(c.atomic_sum, c.atomic_out) for c in candidates(Problem(shape, 64, "fp8-block128"))} == forms - {
+        (True, True)}
+    assert {(c.atomic_sum, c.atomic_out) for c in candidates(Problem(shape, 64, "fp16"))} == forms
 
 
 def test_block128_tall_tiles_get_eight_warps():
@@ -97,13 +106,18 @@ def test_wider_gemm2_tile_tried_at_prefill_only():
 
 def test_gemm2_walks_column_tiles_only_where_its_k_loop_is_short():
     """DeepSeek-V3@tp8 (I = 256: two K steps of 128) gets GEMM2 programs walking 8 column tiles beside
-    single tiles from 2 slots per expert (M = 64) on, and 4 at decode; Qwen3 (I = 768) and Mixtral do not."""
+    single tiles from 2 slots per expert (M = 64) on, and 4 at decode; Qwen3 at fp8-block128 (I = 768: six
+    steps) gets 4 from 64 slots per expert (M = 1024) on; Qwen3 in bf16 (12 steps of 64) and Mixtral do not."""
     ds = shard(get_model("deepseek-v3"), tp=8)
     for m in (64, 4096):
         assert {c.gemm2_n_tiles for c in candidates(Problem(ds, m, "fp8-block128"))} == {1, 8}
     for m in (1, 16):
         assert {c.gemm2_n_tiles for c in candidates(Problem(ds, m, "fp8-block128"))} == {1, 4}
-    assert {c.gemm2_n_tiles for c in candidates(Problem(get_model("qwen3-30b-a3b"), 4096, "fp8-block128"))} == {1}
+    qwen = get_model("qwen3-30b-a3b")
+    for m in (1024, 4096):
+        assert {c.gemm2_n_tiles for c in candidates(Problem(qwen, m, "fp8-block128"))} == {1, 4}
+    assert {c.gemm2_n_tiles for c in candidates(Problem(qwen, 256, "fp8-block128"))} == {1}
+    assert {c.gemm2_n_tiles for c in candidates(Problem(qwen, 4096, "bf16"))} == {1}
     assert {c.gemm2_n_tiles for c in candidates(Problem(get_model("mixtral-8x7b"), 64, "bf16"))} == {1}
 
 

@@ -14,8 +14,10 @@ The layer is two launches after the align step:
    The atomics are relaxed (only atomicity is needed; the result is read after
    the launch): with Triton's default acq_rel ordering the 235M float32 atomics
    of DeepSeek-V3@tp8 fp8 at M=4096 took 1.8 ms of GEMM2 on an H200; relaxed,
-   that layer took 1472 us against 1393 us with the stored rows. The tuner
-   tries both forms everywhere.
+   that layer took 1472 us against 1393 us with the stored rows. With
+   ``atomic_out`` the atomics add into the bf16 output itself: no float32
+   buffer, no cast launch, half the bytes reduced in L2, at the cost of bf16
+   roundings in the sum. The tuner tries the three forms everywhere.
 
 Why two launches and not one: GEMM2 needs the whole ``I``-long row of the
 activation, which GEMM1 spreads over ``cdiv(I, BLOCK_N)`` programs; fusing them
@@ -517,7 +519,7 @@ def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, stride_hsm, stride_split, SPLIT_K: tl
 def _gemm2_combine(
     h_ptr,  # [T, K] activation from GEMM1 (fp8 when QUANT)
     w_ptr,  # [E, N, K]
-    out_ptr,  # ATOMIC_SUM: [M, N] float32, zeroed, slots of one token add into one row; else [T, N], row = slot
+    out_ptr,  # ATOMIC_SUM: [M, N] float32 or the output, zeroed, a token's slots add into its row; else [T, N] by slot
     h_scale_ptr,  # QUANT 1: [T] (stride 0 for one tensor scale); QUANT 2: [T, cdiv(K, 128)]
     w_scale_ptr,  # QUANT 1: [E, N] (stride 0 per tensor); QUANT 2: [E, cdiv(N, 128), cdiv(K, 128)]
     topk_weights_ptr,  # [T] float32 routed weights, row-major [M, topk]
@@ -628,7 +630,8 @@ def _gemm2_epilogue(acc, slot_safe, row_ok, offs_n, expert, out_ptr, topk_weight
     mask = _grid_and(row_ok, n_ok, SWAP_AB)
     if ATOMIC_SUM:
         tok = slot_safe // TOPK
-        tl.atomic_add(out_ptr + _grid(tok * stride_om, offs_n, SWAP_AB), acc, mask=mask, sem="relaxed")
+        tl.atomic_add(out_ptr + _grid(tok * stride_om, offs_n, SWAP_AB), acc.to(out_ptr.dtype.element_ty), mask=mask,
+                      sem="relaxed")
     else:
         tl.store(out_ptr + _grid(slot_safe * stride_om, offs_n, SWAP_AB), acc.to(out_ptr.dtype.element_ty),
                  mask=mask)
@@ -731,8 +734,16 @@ def fused_moe(
         sorted_ids, expert_ids, num_padded = align.sorted_ids, align.expert_ids, align.num_padded
         max_blocks = expert_ids.numel()  # the grid's upper bound on tiles along the slots
 
-    # GEMM2's float32 top-k sums [M, H], which its atomics add into, zeroed (one launch).
-    acc = torch.zeros(M, H, device=x.device, dtype=torch.float32) if config.atomic_sum else None
+    if out is None:
+        out = torch.empty(M, H, device=x.device, dtype=x.dtype)
+    # GEMM2's top-k sums [M, H], which its atomics add into, zeroed (one launch): float32, then cast to the
+    # output; with atomic_out the output itself (bf16 additions, no cast launch).
+    if config.atomic_out:
+        assert out.stride(1) == 1, "atomic_out adds into the output: its rows must be contiguous"
+        assert not (interpreting() and out.dtype == torch.bfloat16), "the Triton interpreter has no bf16 atomics"
+        acc = out.zero_()
+    else:
+        acc = torch.zeros(M, H, device=x.device, dtype=torch.float32) if config.atomic_sum else None
 
     # fp8-block128 after a split-K GEMM1: the _swiglu launch writes GEMM2's fp8 input and group scales.
     # Static scales without split-K: GEMM1's epilogue writes it.
@@ -766,8 +777,6 @@ def fused_moe(
     else:
         a2, a2_scale = (h, None) if quant == QUANT_NONE else quantize_act(
             h, fp8_scheme, act_scale[1:] if static else None, pdl=pdl)  # [T, I] fp8
-    if out is None:
-        out = torch.empty(M, H, device=x.device, dtype=act_dtype)
     if not config.atomic_sum:
         acc = torch.empty(T, H, device=x.device, dtype=act_dtype)  # [T, H], row = slot
     k2 = _gemm2_combine[(max_blocks * triton.cdiv(H, config.block_n2 * config.gemm2_n_tiles),)](
@@ -778,7 +787,8 @@ def fused_moe(
         EVEN_N=H % (config.block_n2 * config.gemm2_n_tiles) == 0, **{**launch, "BLOCK_N": config.block_n2},
     )
     if config.atomic_sum:
-        out.copy_(acc)
+        if not config.atomic_out:
+            out.copy_(acc)
     elif M:
         block = min(TOPK_SUM_BLOCK, triton.next_power_of_2(H))
         _topk_sum[(M, triton.cdiv(H, block))](acc, out, H, acc.stride(0), out.stride(0), TOPK=topk, BLOCK_N=block,

@@ -1,0 +1,40 @@
+"""A/B on a GPU, each benchmark point at its best config of the runs the report of docs/kernels.md reads:
+
+- ``out``: the atomic top-k sum added straight into the bf16 output (``atomic_out``: no float32 buffer,
+  its zero fill and cast launch, half the bytes reduced in L2), whatever the best config's sum form;
+- ``walk2``, ``walk4``: GEMM2 programs walking 2 or 4 column tiles (``gemm2_n_tiles``) where GEMM2 has
+  3 to 8 K steps (the tuner tries walks only up to two) and the best config walks none.
+
+Each variant checked against the float32 reference first (``*_err``), timed twice interleaved (CUDA-graph
+replay, L2 flushed, median us), the faster kept.
+
+    PYTHONPATH=$PWD python3 scripts/ab_session11.py [MIN_M [MAX_M]] > rows.jsonl
+"""
+
+import json
+import sys
+from dataclasses import replace
+
+from _points import best_rows, check_then_time, point_setup
+
+import moebench.kernels.fused_moe as kernels
+from moebench.tile import TileConfig
+
+lo, hi = (int(a) for a in sys.argv[1:] + ["1", "1000000"][len(sys.argv[1:]):])
+C = "results/h200-kernels-93e00f1/"
+best = best_rows("results/h200-kernels-6be41bd", "results/h200-kernels-6be41bd-ds4096",
+                 "results/h200-kernels-1fd6e45/*-*", "results/h200-kernels-1694d9e/*-*",
+                 "results/h200-kernels-b7f19ac/*-*", C + "qwen3-fp8-block128-m1024",
+                 C + "deepseek-v3-tp8-fp8-block128-m1024", C + "mixtral-fp8-tensor-m4096")
+for (model, dtype, m), r in sorted(best.items(), key=lambda kv: (-kv[0][2], kv[0][0], kv[0][1])):
+    if not lo <= m <= hi:
+        continue
+    cfg = TileConfig.from_dict(r["config"])
+    problem, inp, ref, out = point_setup(model, dtype, m)
+    row = dict(point=f"{model} {dtype} M={m}", config=cfg.as_dict(), bench_us=round(r["time_us"], 1))
+    variants = {"base": (kernels, cfg), "out": (kernels, replace(cfg, atomic_sum=True, atomic_out=True))}
+    k_steps = -(-problem.shape.intermediate // cfg.BLOCK_SIZE_K)
+    if cfg.gemm2_n_tiles == 1 and 3 <= k_steps <= 8:
+        for walk in (2, 4):
+            variants[f"walk{walk}"] = (kernels, replace(cfg, gemm2_n_tiles=walk))
+    print(json.dumps(check_then_time(row, variants, inp, out, ref, problem.spec.rtol)), flush=True)
