@@ -42,6 +42,7 @@ class TileConfig:
     gemm1_merged: bool = False  # GEMM1 as one MMA per K step over gate and up rows together (moebench only)
     gemm1_quant_x: bool = False  # fp8-block128: GEMM1 quantizes x in its K loop, no launch for it (moebench only)
     gemm1_tma: bool = False  # GEMM1 reads its weight tiles by TMA, not pointer loads (moebench only)
+    gemm2_split_k: int = 1  # GEMM2 programs per output tile, each over a share of K; needs atomic_sum (moebench only)
     atomic_out: bool = False  # atomic_sum adds into the output's own dtype (bf16), no float32 buffer (moebench only)
 
     def __post_init__(self) -> None:
@@ -63,6 +64,11 @@ class TileConfig:
             raise UserError(f"tile config: gemm2_block_n={self.gemm2_block_n} must be 0 or a power of two >= 16")
         if self.gemm1_quant_x and not self.direct_route:
             raise UserError("tile config: gemm1_quant_x needs direct_route (a tile per slot)")
+        if self.gemm2_split_k < 1:
+            raise UserError(f"tile config: gemm2_split_k={self.gemm2_split_k} must be >= 1")
+        if self.gemm2_split_k > 1 and (not self.atomic_sum or self.gemm2_n_tiles > 1):
+            raise UserError("tile config: gemm2_split_k adds its partial sums by the atomic top-k sum "
+                            "(atomic_sum), one column tile per program (gemm2_n_tiles=1)")
         if self.atomic_out and not self.atomic_sum:
             raise UserError("tile config: atomic_out is a form of atomic_sum (set both)")
         if self.gemm1_tma and self.gemm1_merged:
@@ -87,7 +93,8 @@ class TileConfig:
         return (not self.swap_ab and self.atomic_sum and self.split_k == 1 and not self.direct_route
                 and self.gemm2_block_n in (0, self.BLOCK_SIZE_N)
                 and self.gemm2_n_tiles == 1 and not self.gemm1_merged
-                and not self.gemm1_tma and not self.atomic_out)  # gemm1_quant_x implies direct_route
+                and not self.gemm1_tma and not self.atomic_out
+                and self.gemm2_split_k == 1)  # gemm1_quant_x implies direct_route
 
     @property
     def block_n2(self) -> int:

@@ -64,6 +64,23 @@ def split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
     return split
 
 
+def gemm2_split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
+    """A GEMM2 split-K factor (``gemm2_split_k``) that gives about two programs per SM, or 1 when GEMM2's
+    grid is full enough, as ``split_for`` does for GEMM1: GEMM2 runs (experts touched) x cdiv(hidden,
+    its BLOCK_N) programs, each over cdiv(I, BLOCK_K) steps; each split keeps at least two. At decode
+    with few experts touched (Mixtral M=1: 2 x 64 programs of 56 steps) one program per SM streams its
+    expert's rows alone."""
+    s = problem.shape
+    slots = problem.M * s.topk
+    row_tiles = max(min(s.experts, slots), -(-slots // cfg.BLOCK_SIZE_M))
+    programs = row_tiles * -(-s.hidden // cfg.block_n2)
+    k_steps = -(-s.intermediate // cfg.BLOCK_SIZE_K)
+    split = 1
+    while programs * split < 2 * sms and split * 2 <= k_steps // 2:
+        split *= 2
+    return split
+
+
 def _for_dtype(base: TileConfig, spec: DtypeSpec) -> TileConfig:
     """The class shape adapted to the dtype: fp8 steps over twice the K; fp8-block128 over one scale block."""
     if spec.fp8_scheme != "block128":
@@ -80,12 +97,12 @@ def _for_dtype(base: TileConfig, spec: DtypeSpec) -> TileConfig:
 
 def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> list[TileConfig]:
     """Distinct configs to try for ``problem``: the class's shapes x Swap-AB x the top-k sum's forms
-    (x a split-K variant where GEMM1's grid is small, x 8 row tiles per group where experts often take two
-    row tiles, x a tile per slot with no align step where slots are few against experts, x a wider GEMM2
-    tile at prefill, x GEMM2 programs walking 8 column tiles, or 4 at decode, where GEMM2 has
-    at most two K steps, x GEMM1 as one merged MMA per K step for 8-warp tiles, x GEMM1 quantizing x itself
-    with a tile per slot at fp8-block128, x GEMM1 reading its weights by TMA at fp8 with the align step), fitted
-    to shared memory."""
+    (x a split-K variant where GEMM1's grid is small, and one of GEMM2 with the atomic sums where its grid is,
+    x 8 row tiles per group where experts often take two row tiles, x a tile per slot with no align step
+    where slots are few against experts, x a wider GEMM2 tile at prefill, x GEMM2 programs walking 8 column
+    tiles, or 4 at decode, where GEMM2 has at most two K steps (4 at prefill with up to 8), x GEMM1 as one
+    merged MMA per K step for 8-warp tiles, x GEMM1 quantizing x itself with a tile per slot at
+    fp8-block128, x GEMM1 reading its weights by TMA at fp8 with the align step), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
     # A tile per slot reads an expert's weights once per slot routed to it, so only where few slots share
@@ -96,6 +113,7 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
     for base in _classes(per_expert):
         cfg = fit_stages(_for_dtype(base, spec), spec.weight_bytes)
         splits = sorted({1, split_for(problem, cfg)})
+        split2 = gemm2_split_for(problem, cfg)
         widths = _gemm2_widths(cfg, spec, per_expert)
         walks = _gemm2_walks(cfg, s.intermediate, per_expert)
         groups = _groups(cfg, per_expert)
@@ -106,6 +124,9 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
             c = replace(cfg, swap_ab=swap, atomic_sum=atomic, atomic_out=into_out, split_k=split, direct_route=route,
                         gemm2_block_n=n2, gemm2_n_tiles=walk, GROUP_SIZE_M=group)
             out.setdefault(c.key(), c)
+            if atomic and split2 > 1 and walk == 1:
+                c2 = replace(c, gemm2_split_k=split2)
+                out.setdefault(c2.key(), c2)
             if _tries_merged(c, spec):
                 merged = replace(c, gemm1_merged=True)
                 out.setdefault(merged.key(), merged)

@@ -236,7 +236,8 @@ def test_best_configs_exports_only_configs_the_engines_can_run():
     rows = [row(1, a, 50.0)]
     for variant in (dict(swap_ab=True), dict(split_k=4), dict(atomic_sum=False), dict(direct_route=True),
                     dict(gemm2_block_n=256), dict(gemm2_n_tiles=2), dict(gemm1_merged=True),
-                    dict(direct_route=True, gemm1_quant_x=True), dict(gemm1_tma=True), dict(atomic_out=True)):
+                    dict(direct_route=True, gemm1_quant_x=True), dict(gemm1_tma=True), dict(atomic_out=True),
+                    dict(gemm2_split_k=2)):
         r = row(1, None, 20.0)
         r["config"] = dc_replace(a, BLOCK_SIZE_N=128, **variant).as_dict()
         rows.append(r)

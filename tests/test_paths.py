@@ -98,6 +98,9 @@ def test_topk_sum_into_the_output_matches_reference(dtype, swap_ab):
     TileConfig(32, 32, 16, 2, 4, 2, swap_ab=True, atomic_sum=False, gemm2_n_tiles=2),  # 2nd walk half past N
     TileConfig(16, 32, 32, 1, 4, 2, gemm1_merged=True),  # one GEMM1 MMA over gate and up rows; I = 48: 2nd tile half
     TileConfig(32, 64, 32, 1, 4, 2, swap_ab=True, gemm1_merged=True, split_k=2),  # swapped, partial sums
+    TileConfig(16, 32, 16, 1, 4, 2, gemm2_split_k=2),  # GEMM2's 3 K steps over 2 programs: 2 and 1
+    TileConfig(16, 32, 16, 1, 4, 2, swap_ab=True, gemm2_split_k=4),  # 4 splits of 1 step, the last empty
+    TileConfig(16, 32, 16, 1, 4, 2, split_k=2, gemm2_split_k=2, atomic_out=True),  # both GEMMs split
 ])
 def test_triton_any_tile_config_is_correct(config):
     """Correctness does not depend on the tile config (padding, grouping, K tail)."""
@@ -186,6 +189,26 @@ def test_gemm1_weights_by_tma_match_reference(dtype, variant):
 def test_gemm1_tma_is_refused_with_the_merged_mma():
     with pytest.raises(UserError, match="gemm1_tma"):
         TileConfig(16, 32, 64, gemm1_tma=True, gemm1_merged=True)
+
+
+@pytest.mark.parametrize("dtype", TRITON_DTYPES)
+def test_gemm2_split_k_matches_reference(dtype):
+    """GEMM2 split-K (``gemm2_split_k``: each program adds its share of the K steps by the atomic top-k
+    sum) matches the fp32 reference in every dtype and scale scheme, plain and Swap-AB, with a K tail
+    (I = 48 over steps of 32 at fp16 and fp8, or the block128 group of 128) and more splits than steps."""
+    problem = Problem(_shape(6, 96, 48, 2), 5, dtype, seed=6)
+    inputs = make_inputs(problem, DEVICE, draw=1)
+    block_k = 128 if dtype == "fp8-block128" else 32
+    for swap_ab, split in ((False, 2), (True, 2), (False, 4)):
+        config = TileConfig(16, 32, block_k, 1, 4, 2, swap_ab=swap_ab, gemm2_split_k=split)
+        result = check_point(get_path("triton"), problem, inputs, config)
+        assert result.correct, f"swap {swap_ab}, {split} splits: rel. error {result.rel_err}"
+
+
+def test_gemm2_split_k_needs_the_atomic_sum_and_one_column_tile():
+    for bad in (dict(atomic_sum=False), dict(gemm2_n_tiles=2)):
+        with pytest.raises(UserError, match="gemm2_split_k"):
+            TileConfig(16, 32, 64, gemm2_split_k=2, **bad)
 
 
 def test_topk_sum_into_the_output_needs_the_atomic_sum():

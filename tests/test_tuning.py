@@ -121,6 +121,18 @@ def test_gemm2_walks_column_tiles_only_where_its_k_loop_is_short():
     assert {c.gemm2_n_tiles for c in candidates(Problem(get_model("mixtral-8x7b"), 64, "bf16"))} == {1}
 
 
+def test_gemm2_split_k_tried_with_the_atomic_sum_where_gemm2_grid_is_small():
+    """Mixtral M=1 (2 experts x 32-64 column tiles) and Qwen3 M=1 (8 x 16-64) get GEMM2 split-K variants,
+    only with the atomic top-k sum and one column tile per program; prefill and DeepSeek-V3@tp8 (two K
+    steps) none."""
+    for shape, m in ((get_model("mixtral-8x7b"), 1), (get_model("qwen3-30b-a3b"), 1)):
+        cands = candidates(Problem(shape, m, "bf16"))
+        split = [c for c in cands if c.gemm2_split_k > 1]
+        assert split and all(c.atomic_sum and c.gemm2_n_tiles == 1 for c in split)
+    for shape, m in ((get_model("mixtral-8x7b"), 4096), (shard(get_model("deepseek-v3"), tp=8), 1)):
+        assert {c.gemm2_split_k for c in candidates(Problem(shape, m, "fp8-block128"))} == {1}
+
+
 def test_merged_gemm1_tried_with_8_warp_tiles_without_swap_and_not_at_block128():
     """GEMM1 as one merged MMA is tried beside the pair of MMAs for 8-warp tiles without Swap-AB (where it
     won on an H200), never with 4 warps, Swap-AB or fp8-block128."""

@@ -549,11 +549,12 @@ def _gemm2_combine(
     ATOMIC_SUM: tl.constexpr,
     DIRECT: tl.constexpr,
     N_TILES: tl.constexpr,  # column tiles per program (gemm2_n_tiles)
+    SPLIT_K: tl.constexpr,  # programs per tile, each over a share of the K steps (gemm2_split_k; ATOMIC_SUM)
     PDL: tl.constexpr,  # as in _gemm1_swiglu
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0
     EVEN_N: tl.constexpr,  # N % (BLOCK_N * N_TILES) == 0: every program's column tiles lie within N
 ):
-    pid_m, pid_n = _tile_coords(tl.program_id(0), max_pid_m, N, BLOCK_M, BLOCK_N * N_TILES, GROUP_M)
+    pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N * N_TILES, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
                                       DIRECT, PDL)
     if valid:
@@ -568,7 +569,17 @@ def _gemm2_combine(
         acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
         k_steps = tl.cdiv(K, BLOCK_K)
         if N_TILES == 1:
-            for k in range(0, k_steps):
+            # This program's share of the K steps: all of them, or with SPLIT_K > 1 one split's, whose partial
+            # sum the atomic epilogue adds like another slot's (the routed weight scales each share alike).
+            k_first = 0
+            k_last = k_steps
+            if SPLIT_K > 1:
+                per_split = tl.cdiv(k_steps, SPLIT_K)
+                k_first = (tl.program_id(0) % SPLIT_K) * per_split
+                k_last = tl.minimum(k_first + per_split, k_steps)
+                a_ptrs += k_first * BLOCK_K
+                b_ptrs += k_first * BLOCK_K
+            for k in range(k_first, k_last):
                 acc = _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_safe, expert,
                                   h_scale_ptr, w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn,
                                   stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N)
@@ -779,11 +790,12 @@ def fused_moe(
             h, fp8_scheme, act_scale[1:] if static else None, pdl=pdl)  # [T, I] fp8
     if not config.atomic_sum:
         acc = torch.empty(T, H, device=x.device, dtype=act_dtype)  # [T, H], row = slot
-    k2 = _gemm2_combine[(max_blocks * triton.cdiv(H, config.block_n2 * config.gemm2_n_tiles),)](
+    split2 = config.gemm2_split_k
+    k2 = _gemm2_combine[(max_blocks * triton.cdiv(H, config.block_n2 * config.gemm2_n_tiles) * split2,)](
         a2, w2, acc, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids, num_padded,
         T, max_blocks, H, I, a2.stride(0), w2.stride(0), w2.stride(1), acc.stride(0),
         *_scale_strides(a2_scale, 2, per_tensor), *_scale_strides(w2_scale, 3),
-        ATOMIC_SUM=config.atomic_sum, N_TILES=config.gemm2_n_tiles, EVEN_K=I % config.BLOCK_SIZE_K == 0,
+        ATOMIC_SUM=config.atomic_sum, N_TILES=config.gemm2_n_tiles, SPLIT_K=split2, EVEN_K=I % config.BLOCK_SIZE_K == 0,
         EVEN_N=H % (config.block_n2 * config.gemm2_n_tiles) == 0, **{**launch, "BLOCK_N": config.block_n2},
     )
     if config.atomic_sum:
