@@ -135,9 +135,11 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
                 out.setdefault(tma.key(), tma)
             if route and spec.fp8_scheme == "block128":
                 # On an H200 it won where a program walks few K steps (split-K at M=1) and lost where it
-                # walks 14-16 (results/h200-session9/ab-fusions.jsonl), so the tuner measures both.
-                quant_x = replace(c, gemm1_quant_x=True)
-                out.setdefault(quant_x.key(), quant_x)
+                # walks 14-16 (results/h200-session9/ab-fusions.jsonl), so the tuner measures both; with GEMM2
+                # split too, Qwen3 M=1 took 0.927x the time of its best config (results/h200-session11).
+                for base in (c, replace(c, gemm2_split_k=split2)) if atomic and split2 > 1 and walk == 1 else (c,):
+                    quant_x = replace(base, gemm1_quant_x=True)
+                    out.setdefault(quant_x.key(), quant_x)
     return list(out.values())
 
 

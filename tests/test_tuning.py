@@ -129,6 +129,8 @@ def test_gemm2_split_k_tried_with_the_atomic_sum_where_gemm2_grid_is_small():
         cands = candidates(Problem(shape, m, "bf16"))
         split = [c for c in cands if c.gemm2_split_k > 1]
         assert split and all(c.atomic_sum and c.gemm2_n_tiles == 1 for c in split)
+    qwen_fp8 = candidates(Problem(get_model("qwen3-30b-a3b"), 1, "fp8-block128"))
+    assert any(c.gemm2_split_k > 1 and c.gemm1_quant_x for c in qwen_fp8)  # with GEMM1 quantizing x too
     for shape, m in ((get_model("mixtral-8x7b"), 4096), (shard(get_model("deepseek-v3"), tp=8), 1)):
         assert {c.gemm2_split_k for c in candidates(Problem(shape, m, "fp8-block128"))} == {1}
 
