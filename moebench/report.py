@@ -120,12 +120,12 @@ def _short_config(c: dict) -> str:
         text += " swap"
     if c.get("atomic_sum") is False:
         text += " stored-sum"
-    if c.get("gemm2_split_k", 1) > 1:
-        text += f" split2={c['gemm2_split_k']}"
     if c.get("atomic_out"):
         text += " out-sum"
     if c.get("split_k", 1) > 1:
         text += f" split{c['split_k']}"
+    if c.get("gemm2_split_k", 1) > 1:
+        text += f" g2split{c['gemm2_split_k']}"
     if c.get("direct_route"):
         text += " direct"
     if c.get("gemm2_block_n", 0) not in (0, c["BLOCK_SIZE_N"]):

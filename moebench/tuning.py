@@ -146,10 +146,12 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
 def _sum_forms(spec: DtypeSpec) -> tuple[tuple[bool, bool], ...]:
     """(atomic_sum, atomic_out) of the top-k sum's forms to try: atomics into a float32 buffer, atomics into
     the output itself, stored rows. On an H200 at each point's best config (results/h200-session11), adding
-    into the bf16 output took 0.92-0.99x the time at 24 of the 35 points (DeepSeek-V3@tp8 fp8-block128
-    M=4096 0.92x: no float32 buffer to zero, reduce in L2 and cast) and up to 1.015x at the others; with
-    top-8 in bf16 its error against the float32 reference grew from 0.29% to 0.43% (bf16 additions, in no
-    fixed order). The interpreter has no bf16 atomics, so there it is not tried for bf16 activations."""
+    into the bf16 output took 0.92-0.99x the time at 12 of the 35 points (DeepSeek-V3@tp8 fp8-block128
+    M=4096 0.92x: no float32 buffer to zero, reduce in L2 and cast), 0.99-1.0x at 15 and up to 1.015x at 8;
+    with top-8 in bf16 its error against the float32 reference grew from 0.29% to 0.43% (bf16 additions, in
+    no fixed order). The best config of each of the 18 points tuned with it uses it
+    (results/h200-kernels-d02c38f, -31c76a7).
+    The interpreter has no bf16 atomics, so there it is not tried for bf16 activations."""
     if interpreting() and spec.act == torch.bfloat16:
         return ((True, False), (False, False))
     return ((True, False), (True, True), (False, False))

@@ -258,3 +258,6 @@ def test_gains_config_names_the_fields_set_away_from_their_defaults():
     g = gains_table(df).set_index("dtype")
     assert g.loc["bf16", "config"] == "16x64x128 w4 s3 g8 swap stored-sum split4 tma"
     assert g.loc["fp8-tensor", "config"] == "16x64x128 w4 s3 swap"  # GROUP_SIZE_M 1: not named
+    df.loc[df["time_us"] == 80.0, "config"] = [{**df.loc[0, "config"], "split_k": 4, "gemm2_split_k": 2,
+                                                "atomic_out": True}]
+    assert gains_table(df).set_index("dtype").loc["bf16", "config"] == "16x64x128 w4 s3 out-sum split4 g2split2"
