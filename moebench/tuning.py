@@ -66,10 +66,10 @@ def split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
 
 def gemm2_split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
     """A GEMM2 split-K factor (``gemm2_split_k``) that gives about two programs per SM, or 1 when GEMM2's
-    grid is full enough, as ``split_for`` does for GEMM1: GEMM2 runs (experts touched) x cdiv(hidden,
-    its BLOCK_N) programs, each over cdiv(I, BLOCK_K) steps; each split keeps at least two. At decode
-    with few experts touched (Mixtral M=1: 2 x 64 programs of 56 steps) one program per SM streams its
-    expert's rows alone."""
+    grid is full enough, as ``split_for`` does for GEMM1: GEMM2 runs (row tiles: at least the experts
+    touched) x cdiv(hidden, its BLOCK_N) programs, each over cdiv(I, BLOCK_K) steps; each split keeps at
+    least two. At decode with few experts touched (Mixtral M=1: 2 x 64 programs of 56 steps) one program
+    per SM streams its expert's rows alone."""
     s = problem.shape
     slots = problem.M * s.topk
     row_tiles = max(min(s.experts, slots), -(-slots // cfg.BLOCK_SIZE_M))
@@ -137,8 +137,8 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
                 # On an H200 it won where a program walks few K steps (split-K at M=1) and lost where it
                 # walks 14-16 (results/h200-session9/ab-fusions.jsonl), so the tuner measures both; with GEMM2
                 # split too, Qwen3 M=1 took 0.927x the time of its best config (results/h200-session11).
-                for base in (c, replace(c, gemm2_split_k=split2)) if atomic and split2 > 1 and walk == 1 else (c,):
-                    quant_x = replace(base, gemm1_quant_x=True)
+                for unquant in (c, replace(c, gemm2_split_k=split2)) if atomic and split2 > 1 and walk == 1 else (c,):
+                    quant_x = replace(unquant, gemm1_quant_x=True)
                     out.setdefault(quant_x.key(), quant_x)
     return list(out.values())
 
@@ -150,8 +150,8 @@ def _sum_forms(spec: DtypeSpec) -> tuple[tuple[bool, bool], ...]:
     M=4096 0.92x: no float32 buffer to zero, reduce in L2 and cast), 0.99-1.0x at 15 and up to 1.015x at 8;
     with top-8 in bf16 its error against the float32 reference grew from 0.29% to 0.43% (bf16 additions, in
     no fixed order). The best config of each of the 18 points tuned with it uses it
-    (results/h200-kernels-d02c38f, -31c76a7).
-    The interpreter has no bf16 atomics, so there it is not tried for bf16 activations."""
+    (results/h200-kernels-d02c38f, -31c76a7). The interpreter has no bf16 atomics, so there it is not
+    tried for bf16 activations."""
     if interpreting() and spec.act == torch.bfloat16:
         return ((True, False), (False, False))
     return ((True, False), (True, True), (False, False))
