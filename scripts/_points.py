@@ -36,6 +36,24 @@ def best_rows(*run_globs: str) -> dict[tuple[str, str, int], dict]:
     return best
 
 
+def m_range(args: list[str]) -> tuple[int, int]:
+    """The [MIN_M [MAX_M]] arguments of an A/B script, 1 and unbounded when left out."""
+    lo, hi = (int(a) for a in args + ["1", "1000000"][len(args):])
+    return lo, hi
+
+
+def prefill_first(best: dict[tuple[str, str, int], dict], lo: int = 1, hi: int = 1_000_000):
+    """For each point of ``best`` with lo <= M <= hi, the largest M first: (its best config, problem, fresh
+    inputs, float32 reference, output buffer, and a result row naming the point, config and benchmark time)."""
+    for (model, dtype, m), r in sorted(best.items(), key=lambda kv: (-kv[0][2], kv[0][0], kv[0][1])):
+        if not lo <= m <= hi:
+            continue
+        cfg = TileConfig.from_dict(r["config"])
+        problem, inp, ref, out = point_setup(model, dtype, m)
+        row = dict(point=f"{model} {dtype} M={m}", config=cfg.as_dict(), bench_us=round(r["time_us"], 1))
+        yield cfg, problem, inp, ref, out, row
+
+
 def problem_of(model: str, dtype: str, m: int) -> Problem:
     """The problem of a point named as in the rows: ``deepseek-v3@tp8`` is the preset at TP8."""
     name, _, tp = model.partition("@tp")

@@ -18,26 +18,19 @@ import json
 import sys
 from dataclasses import replace
 
-from _points import best_rows, check_then_time, point_setup
+from _points import best_rows, check_then_time, m_range, prefill_first
 
 import moebench.kernels.fused_moe as kernels
-from moebench.tile import TileConfig
 from moebench.tuning import gemm2_split_for
 
 SPLIT2 = "--split2" in sys.argv[1:]
 args = [a for a in sys.argv[1:] if a != "--split2"]
-lo, hi = (int(a) for a in args + ["1", "1000000"][len(args):])
 C = "results/h200-kernels-93e00f1/"
 best = best_rows("results/h200-kernels-6be41bd", "results/h200-kernels-6be41bd-ds4096",
                  "results/h200-kernels-1fd6e45/*-*", "results/h200-kernels-1694d9e/*-*",
                  "results/h200-kernels-b7f19ac/*-*", C + "qwen3-fp8-block128-m1024",
                  C + "deepseek-v3-tp8-fp8-block128-m1024", C + "mixtral-fp8-tensor-m4096")
-for (model, dtype, m), r in sorted(best.items(), key=lambda kv: (-kv[0][2], kv[0][0], kv[0][1])):
-    if not lo <= m <= hi:
-        continue
-    cfg = TileConfig.from_dict(r["config"])
-    problem, inp, ref, out = point_setup(model, dtype, m)
-    row = dict(point=f"{model} {dtype} M={m}", config=cfg.as_dict(), bench_us=round(r["time_us"], 1))
+for cfg, problem, inp, ref, out, row in prefill_first(best, *m_range(args)):
     if SPLIT2:
         atomic = replace(cfg, atomic_sum=True, gemm2_n_tiles=1)
         split = gemm2_split_for(problem, atomic)
