@@ -123,10 +123,10 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
                 continue  # a tile per slot: no two row tiles share an expert's weights through grouping
             c = replace(cfg, swap_ab=swap, atomic_sum=atomic, atomic_out=into_out, split_k=split, direct_route=route,
                         gemm2_block_n=n2, gemm2_n_tiles=walk, GROUP_SIZE_M=group)
-            out.setdefault(c.key(), c)
-            if atomic and split2 > 1 and walk == 1:
-                c2 = replace(c, gemm2_split_k=split2)
-                out.setdefault(c2.key(), c2)
+            # GEMM2 split-K adds its partial sums by the atomic sum, one column tile per program.
+            gemm2_forms = (c, replace(c, gemm2_split_k=split2)) if atomic and split2 > 1 and walk == 1 else (c,)
+            for form in gemm2_forms:
+                out.setdefault(form.key(), form)
             if _tries_merged(c, spec):
                 merged = replace(c, gemm1_merged=True)
                 out.setdefault(merged.key(), merged)
@@ -137,8 +137,8 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
                 # On an H200 it won where a program walks few K steps (split-K at M=1) and lost where it
                 # walks 14-16 (results/h200-session9/ab-fusions.jsonl), so the tuner measures both; with GEMM2
                 # split too, Qwen3 M=1 took 0.927x the time of its best config (results/h200-session11).
-                for unquant in (c, replace(c, gemm2_split_k=split2)) if atomic and split2 > 1 and walk == 1 else (c,):
-                    quant_x = replace(unquant, gemm1_quant_x=True)
+                for form in gemm2_forms:
+                    quant_x = replace(form, gemm1_quant_x=True)
                     out.setdefault(quant_x.key(), quant_x)
     return list(out.values())
 

@@ -265,6 +265,18 @@ def _tile_coords(pid, max_pid_m, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 
 
 @triton.jit
+def _k_share(k_steps, SPLIT_K: tl.constexpr):
+    """This program's K steps [k_first, k_last): all ``k_steps``, or with SPLIT_K > 1 its split's share,
+    the split being the program id modulo SPLIT_K (a tile's splits are adjacent programs)."""
+    if SPLIT_K == 1:
+        return 0, k_steps
+    else:
+        per_split = tl.cdiv(k_steps, SPLIT_K)
+        k_first = (tl.program_id(0) % SPLIT_K) * per_split
+        return k_first, tl.minimum(k_first + per_split, k_steps)
+
+
+@triton.jit
 def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M: tl.constexpr,
                 DIRECT: tl.constexpr, PDL: tl.constexpr):
     """The row tile's slot ids [BLOCK_M], its expert, and whether it lies within the used length.
@@ -349,11 +361,7 @@ def _gemm1_swiglu(
         n_ok = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
 
-        # This program's share of the K steps (all of them unless SPLIT_K > 1).
-        k_steps = tl.cdiv(K, BLOCK_K)
-        per_split = tl.cdiv(k_steps, SPLIT_K)
-        k_first = (tl.program_id(0) % SPLIT_K) * per_split
-        k_last = tl.minimum(k_first + per_split, k_steps)
+        k_first, k_last = _k_share(tl.cdiv(K, BLOCK_K), SPLIT_K)  # this program's K steps
 
         a_ptrs = x_ptr + _grid(tok * stride_xm, offs_k + k_first * BLOCK_K, SWAP_AB)  # [BM, BK] or [BK, BM]
         w_ptr += expert * stride_we
@@ -575,16 +583,11 @@ def _gemm2_combine(
         acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
         k_steps = tl.cdiv(K, BLOCK_K)
         if N_TILES == 1:
-            # This program's share of the K steps: all of them, or with SPLIT_K > 1 one split's, whose partial
-            # sum the atomic epilogue adds like another slot's (the routed weight scales each share alike).
-            k_first = 0
-            k_last = k_steps
-            if SPLIT_K > 1:
-                per_split = tl.cdiv(k_steps, SPLIT_K)
-                k_first = (tl.program_id(0) % SPLIT_K) * per_split
-                k_last = tl.minimum(k_first + per_split, k_steps)
-                a_ptrs += k_first * BLOCK_K
-                b_ptrs += k_first * BLOCK_K
+            # This program's share of the K steps: with SPLIT_K > 1 one split's, whose partial sum the atomic
+            # epilogue adds like another slot's (the routed weight scales each share alike).
+            k_first, k_last = _k_share(k_steps, SPLIT_K)
+            a_ptrs += k_first * BLOCK_K
+            b_ptrs += k_first * BLOCK_K
             for k in range(k_first, k_last):
                 acc = _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_safe, expert,
                                   h_scale_ptr, w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn,
@@ -751,8 +754,9 @@ def fused_moe(
         sorted_ids, expert_ids, num_padded = align.sorted_ids, align.expert_ids, align.num_padded
         max_blocks = expert_ids.numel()  # the grid's upper bound on tiles along the slots
 
+    act_dtype = x.dtype
     if out is None:
-        out = torch.empty(M, H, device=x.device, dtype=x.dtype)
+        out = torch.empty(M, H, device=x.device, dtype=act_dtype)
     # GEMM2's top-k sums [M, H], which its atomics add into, zeroed (one launch): float32, then cast to the
     # output; with atomic_out the output itself (bf16 additions, no cast launch).
     if config.atomic_out:
@@ -767,7 +771,6 @@ def fused_moe(
     split = config.split_k
     quant_out = quant == QUANT_BLOCK and split > 1
     static_out = static and split == 1
-    act_dtype = x.dtype
     h = torch.empty(T, I, device=x.device, dtype=w2.dtype if quant_out or static_out else act_dtype)  # [T, I]
     h_scale = torch.empty(T, triton.cdiv(I, 128), device=x.device, dtype=torch.float32) if quant_out else None
     # Split-K: each split's gate|up partial sums, every entry written by GEMM1 (so not zeroed).
