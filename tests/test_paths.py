@@ -330,9 +330,14 @@ def test_static_scales_quantize_x_once_and_h_in_gemm1(monkeypatch):
 @pytest.mark.parametrize("config", [
     TileConfig(16, 64, 128, 1, 4, 2, split_k=2),
     TileConfig(16, 64, 128, 1, 4, 2, swap_ab=True, split_k=2, direct_route=True),
+    TileConfig(16, 128, 128, 1, 4, 2),  # 128-wide GEMM1 tiles: its epilogue quantizes h
+    TileConfig(16, 128, 128, 1, 4, 2, swap_ab=True, direct_route=True),
+    TileConfig(16, 128, 128, 1, 4, 2, gemm1_tma=True),  # TMA tiles past N hold other rows: kept out of the max
+    TileConfig(16, 128, 128, 1, 4, 2, gemm1_merged=True, atomic_sum=False),
 ])
-def test_block128_split_k_activation_writes_gemm2_fp8_input(config, intermediate, monkeypatch):
-    """After a split-K GEMM1, fp8-block128's h is quantized by the launch that applies the activation:
+def test_block128_h_quantized_by_the_launch_that_applies_the_activation(config, intermediate, monkeypatch):
+    """fp8-block128's h is quantized where the activation is applied: after a split-K GEMM1 by the launch
+    that adds the splits, with 128-wide tiles by GEMM1's epilogue (each tile row is one 1x128 group).
     quantize_act runs once (for x), not twice, and the layer matches the reference."""
     from moebench.kernels import fused_moe as fm
 
@@ -394,14 +399,15 @@ def test_gemm1_quant_x_is_refused_off_block128_and_without_direct_route():
 
 @pytest.mark.parametrize("intermediate", [256, 192])
 @pytest.mark.parametrize("variant", [{}, {"split_k": 2}, {"gemm2_block_n": 128}, {"gemm2_n_tiles": 4},
-                                     {"gemm1_merged": True}])
+                                     {"gemm1_merged": True}, {"BLOCK_SIZE_N": 128}])
 @pytest.mark.parametrize("swap_ab", [False, True])
 def test_block128_scales_that_differ_by_orders_between_k_groups(swap_ab, variant, intermediate):
     """Each K step applies its own 128x128-block scales: with activation and weight groups whose scales
     differ by up to 1e5 (each group's products kept O(1)), the layer matches the reference, plain and
-    Swap-AB, with split-K (h's groups then quantized by the activation launch), with GEMM2 wider, with
-    GEMM2 walking 4 column tiles per program (6 tiles: the second program's last two lie past N) and with
-    GEMM1's gate and up rows in one MMA (each B column scaled by its own row's block).
+    Swap-AB, with split-K (h's groups then quantized by the activation launch), with 128-wide tiles (by
+    GEMM1's epilogue), with GEMM2 wider, with GEMM2 walking 4 column tiles per program (6 tiles: the second
+    program's last two lie past N) and with GEMM1's gate and up rows in one MMA (each B column scaled by its
+    own row's block).
 
     The 64-wide tiles divide I, so GEMM1 reads one gate and one up scale per tile and K step; at I = 192
     the up rows start mid-block (rows 192-255 in block 1, 256-383 in block 2) and GEMM2's K has a tail."""
@@ -425,7 +431,7 @@ def test_block128_scales_that_differ_by_orders_between_k_groups(swap_ab, variant
     topk_weights, topk_ids = route(M, E, topk, "uniform", 21, DEVICE)
 
     out = torch.full((M, H), float("nan"), device=DEVICE, dtype=act)
-    cfg = TileConfig(16, 64, 128, 1, 4, 2, swap_ab=swap_ab, **variant)
+    cfg = replace(TileConfig(16, 64, 128, 1, 4, 2, swap_ab=swap_ab), **variant)
     fused_moe(x, q13, q2, topk_weights, topk_ids, cfg, out=out, fp8_scheme="block128", w13_scale=s13, w2_scale=s2)
     ref = moe_reference(x, weights, topk_weights, topk_ids)
     assert torch.isfinite(out).all()

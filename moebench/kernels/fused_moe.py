@@ -312,7 +312,7 @@ def _gemm1_swiglu(
     x_ptr,  # [M, K] activations (fp8 when QUANT, unless X_QUANT)
     w_ptr,  # [E, 2N, K] gate rows then up rows
     h_ptr,  # [T, N] output activation, row = token slot; SPLIT_K > 1: [SPLIT_K, T, 2N] float32, gate|up partials
-    h_scale_ptr,  # STATIC_OUT: [1] float32, the static scale fp8 h is written at
+    h_scale_ptr,  # STATIC_OUT: [1] float32, the static scale fp8 h is written at; GROUP_OUT: [T, cdiv(N, 128)]
     x_scale_ptr,  # QUANT 1: [M] (stride 0 for one tensor scale); QUANT 2: [M, cdiv(K, 128)]
     w_scale_ptr,  # QUANT 1: [E, 2N] (stride 0 per tensor); QUANT 2: [E, cdiv(2N, 128), cdiv(K, 128)]
     sorted_ids_ptr,  # [max_padded] slot ids grouped by expert; == num_slots for padding
@@ -327,6 +327,7 @@ def _gemm1_swiglu(
     stride_wn,
     stride_hm,
     stride_split,  # SPLIT_K > 1: elements between the splits' [T, 2N] slices (T * 2N)
+    stride_hsm,  # GROUP_OUT: h_scale's row stride
     stride_xsm,
     stride_xsk,
     stride_wse,
@@ -346,6 +347,7 @@ def _gemm1_swiglu(
     EVEN_N: tl.constexpr,  # N % BLOCK_N == 0: no column mask on weight loads; one block128 scale per tile (BN <= 128)
     PDL: tl.constexpr,  # launched as a programmatic dependent: wait for the previous launch before its data
     STATIC_OUT: tl.constexpr,  # h written in fp8 at a static per-tensor scale (fp8-tensor-static, SPLIT_K == 1)
+    GROUP_OUT: tl.constexpr,  # QUANT 2, BLOCK_N == 128, SPLIT_K == 1: h written in fp8, the tile one 1x128 group
     ROUND_FIRST: tl.constexpr,
     X_QUANT: tl.constexpr,  # QUANT 2: x read in its own dtype and quantized in the K loop (x_scale_ptr unused)
     w_desc,  # TMA_W: a tensor descriptor of w13 as [E * 2N, K], blocks [BLOCK_N, BLOCK_K]; else None
@@ -385,6 +387,12 @@ def _gemm1_swiglu(
             if STATIC_OUT:  # GEMM2's fp8 input, with no quantization launch
                 h = tl.minimum(tl.maximum(h / tl.load(h_scale_ptr), -448.0), 448.0)
                 tl.store(h_ptrs, to_fp8(h, h_ptr.dtype.element_ty, ROUND_FIRST), mask=mask)
+            elif GROUP_OUT:  # GEMM2's fp8-block128 input: each token row of the tile is one group
+                h = tl.where(mask, h, 0.0)  # columns past N (with TMA_W, read from other rows) out of the max
+                scale = tl.maximum(tl.max(tl.abs(h), axis=0 if SWAP_AB else 1), 1e-12) / 448.0  # [BM]
+                h = tl.minimum(tl.maximum(h / _per_token(scale, SWAP_AB), -448.0), 448.0)
+                tl.store(h_ptrs, to_fp8(h, h_ptr.dtype.element_ty, ROUND_FIRST), mask=mask)
+                tl.store(h_scale_ptr + slot_safe * stride_hsm + pid_n, scale, mask=row_ok)
             else:
                 tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask)
         else:  # this split's partial sums; _swiglu adds the splits' and applies the activation
@@ -766,10 +774,12 @@ def fused_moe(
     else:
         acc = torch.zeros(M, H, device=x.device, dtype=torch.float32) if config.atomic_sum else None
 
-    # fp8-block128 after a split-K GEMM1: the _swiglu launch writes GEMM2's fp8 input and group scales.
-    # Static scales without split-K: GEMM1's epilogue writes it.
+    # fp8-block128 after a split-K GEMM1: the _swiglu launch writes GEMM2's fp8 input and group scales; without
+    # split-K, GEMM1's epilogue does where its tiles are 128 columns wide (a row's group per tile). Static scales
+    # without split-K: GEMM1's epilogue writes it.
     split = config.split_k
-    quant_out = quant == QUANT_BLOCK and split > 1
+    group_out = quant == QUANT_BLOCK and split == 1 and config.BLOCK_SIZE_N == 128
+    quant_out = quant == QUANT_BLOCK and split > 1 or group_out
     static_out = static and split == 1
     h = torch.empty(T, I, device=x.device, dtype=w2.dtype if quant_out or static_out else act_dtype)  # [T, I]
     h_scale = torch.empty(T, triton.cdiv(I, 128), device=x.device, dtype=torch.float32) if quant_out else None
@@ -777,10 +787,11 @@ def fused_moe(
     gu = h if split == 1 else torch.empty(split, T, 2 * I, device=x.device, dtype=torch.float32)  # [split, T, 2I]
     stride_split = T * 2 * I
     k1 = _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N) * split,)](
-        a1, w13, gu, act_scale[1:] if static else None, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
+        a1, w13, gu, act_scale[1:] if static else h_scale, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
         T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2), stride_split,
-        *_scale_strides(a1_scale, 2, per_tensor), *_scale_strides(w13_scale, 3), SPLIT_K=split,
-        MERGED=config.gemm1_merged, STATIC_OUT=static_out, ROUND_FIRST=interpreting(), X_QUANT=x_quant,
+        h_scale.stride(0) if group_out else 0, *_scale_strides(a1_scale, 2, per_tensor),
+        *_scale_strides(w13_scale, 3), SPLIT_K=split, MERGED=config.gemm1_merged, STATIC_OUT=static_out,
+        GROUP_OUT=group_out, ROUND_FIRST=interpreting(), X_QUANT=x_quant,
         EVEN_K=H % config.BLOCK_SIZE_K == 0, EVEN_N=I % config.BLOCK_SIZE_N == 0,
         w_desc=_weight_descriptor(w13, config) if config.gemm1_tma else None, TMA_W=config.gemm1_tma, **launch,
     )
