@@ -138,6 +138,8 @@ def _short_config(c: dict) -> str:
         text += " quant-x"
     if c.get("gemm1_tma"):
         text += " tma"
+    if c.get("gemm2_columns_first"):
+        text += " cols-first"
     return text
 
 

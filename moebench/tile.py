@@ -44,6 +44,7 @@ class TileConfig:
     gemm1_tma: bool = False  # GEMM1 reads its weight tiles by TMA, not pointer loads (moebench only)
     gemm2_split_k: int = 1  # GEMM2 programs per output tile, each over a share of K; needs atomic_sum (moebench only)
     atomic_out: bool = False  # atomic_sum adds into the output's own dtype (bf16), no float32 buffer (moebench only)
+    gemm2_columns_first: bool = False  # GEMM2 runs every row tile of a column chunk before the next (moebench only)
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -94,7 +95,7 @@ class TileConfig:
                 and self.gemm2_block_n in (0, self.BLOCK_SIZE_N)
                 and self.gemm2_n_tiles == 1 and not self.gemm1_merged
                 and not self.gemm1_tma and not self.atomic_out
-                and self.gemm2_split_k == 1)  # gemm1_quant_x implies direct_route
+                and self.gemm2_split_k == 1 and not self.gemm2_columns_first)  # gemm1_quant_x implies direct_route
 
     @property
     def block_n2(self) -> int:

@@ -25,6 +25,7 @@ from moebench.tile import TileConfig, fit_stages, tma_rows
 
 T = TileConfig
 SMS = 132  # H100/H200 SXM multiprocessors: the grid size split-K aims to fill
+L2_BYTES = 50 * 2**20  # H100/H200 SXM L2 cache
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages) per class of slots per expert.
 _DECODE = (T(16, 64, 128, 1, 4, 4), T(16, 128, 128, 1, 4, 3), T(16, 64, 256, 1, 4, 3), T(16, 32, 256, 1, 4, 4))
 _SMALL = (T(32, 64, 128, 1, 4, 4), T(32, 128, 128, 1, 4, 3), T(16, 64, 128, 1, 4, 4), T(64, 64, 128, 1, 4, 3))
@@ -102,7 +103,8 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
     where slots are few against experts, x a wider GEMM2 tile at prefill, x GEMM2 programs walking 8 column
     tiles, or 4 at decode, where GEMM2 has at most two K steps (4 at prefill with up to 8), x GEMM1 as one
     merged MMA per K step for 8-warp tiles, x GEMM1 quantizing x itself with a tile per slot at
-    fp8-block128, x GEMM1 reading its weights by TMA at fp8 with the align step), fitted to shared memory."""
+    fp8-block128, x GEMM1 reading its weights by TMA at fp8 with the align step, x GEMM2 taking its column
+    chunks one after another where the atomic sum is larger than L2), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
     # A tile per slot reads an expert's weights once per slot routed to it, so only where few slots share
@@ -133,6 +135,12 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
             if _tries_tma(c, spec, per_expert, s.hidden):
                 tma = replace(c, gemm1_tma=True)
                 out.setdefault(tma.key(), tma)
+                if _tries_columns_first(tma, problem):
+                    tma_cols = replace(tma, gemm2_columns_first=True)
+                    out.setdefault(tma_cols.key(), tma_cols)
+            if _tries_columns_first(c, problem):
+                cols = replace(c, gemm2_columns_first=True)
+                out.setdefault(cols.key(), cols)
             if route and spec.fp8_scheme == "block128":
                 # On an H200 it won where a program walks few K steps (split-K at M=1) and lost where it
                 # walks 14-16 (results/h200-session9/ab-fusions.jsonl), so the tuner measures both; with GEMM2
@@ -175,6 +183,18 @@ def _tries_merged(cfg: TileConfig, spec: DtypeSpec) -> bool:
     fp8-tensor and Qwen3 bf16 M=4096); it was even with Swap-AB, even at fp8-block128 and 0.4-2.3% slower
     with 4-warp tiles."""
     return cfg.num_warps == 8 and not cfg.swap_ab and spec.fp8_scheme != "block128"
+
+
+def _tries_columns_first(cfg: TileConfig, problem: Problem) -> bool:
+    """Whether to try GEMM2 running every row tile of a column chunk before the next
+    (``gemm2_columns_first``), so the rows its atomics add into are those of one chunk at a time. Where the
+    sum [M, hidden] is larger than L2 and GEMM2 walks the row tiles first, the atomics of each token's top-k
+    slots come far apart and its row leaves L2 in between. On an H200 at each point's best config
+    (results/h200-session12/ab-columns-first.jsonl), with the sum into the bf16 output it took 0.959x the
+    time at DeepSeek-V3@tp8 fp8-block128 M=4096 (a 59 MB sum) and 0.99-1.055x at the other prefill points,
+    whose sums fit in L2 (Mixtral M=4096, 34 MB: 1.02x)."""
+    sum_bytes = problem.M * problem.shape.hidden * (problem.spec.act.itemsize if cfg.atomic_out else 4)
+    return cfg.atomic_sum and cfg.gemm2_split_k == 1 and sum_bytes > L2_BYTES
 
 
 def _tries_tma(cfg: TileConfig, spec: DtypeSpec, per_expert: float, hidden: int) -> bool:

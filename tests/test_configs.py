@@ -229,7 +229,8 @@ def test_best_configs_picks_the_fastest_ok_triton_config_per_M():
 
 def test_best_configs_exports_only_configs_the_engines_can_run():
     """A faster Swap-AB / split-K / stored-sum / tile-per-slot / own-GEMM2-width / GEMM2-walk / merged-GEMM1 /
-    x-quantizing / TMA / sum-into-the-output row is moebench-only: the table keeps the best portable one."""
+    x-quantizing / TMA / sum-into-the-output / GEMM2-split / GEMM2-columns-first row is moebench-only: the table
+    keeps the best portable one."""
     from dataclasses import replace as dc_replace
 
     a = tile(16)
@@ -237,7 +238,7 @@ def test_best_configs_exports_only_configs_the_engines_can_run():
     for variant in (dict(swap_ab=True), dict(split_k=4), dict(atomic_sum=False), dict(direct_route=True),
                     dict(gemm2_block_n=256), dict(gemm2_n_tiles=2), dict(gemm1_merged=True),
                     dict(direct_route=True, gemm1_quant_x=True), dict(gemm1_tma=True), dict(atomic_out=True),
-                    dict(gemm2_split_k=2)):
+                    dict(gemm2_split_k=2), dict(gemm2_columns_first=True)):
         r = row(1, None, 20.0)
         r["config"] = dc_replace(a, BLOCK_SIZE_N=128, **variant).as_dict()
         rows.append(r)

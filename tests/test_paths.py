@@ -101,6 +101,9 @@ def test_topk_sum_into_the_output_matches_reference(dtype, swap_ab):
     TileConfig(16, 32, 16, 1, 4, 2, gemm2_split_k=2),  # GEMM2's 3 K steps over 2 programs: 2 and 1
     TileConfig(16, 32, 16, 1, 4, 2, swap_ab=True, gemm2_split_k=4),  # 4 splits of 1 step, the last empty
     TileConfig(16, 32, 16, 1, 4, 2, split_k=2, gemm2_split_k=2, atomic_out=True),  # both GEMMs split
+    TileConfig(16, 32, 32, 4, 4, 2, gemm2_columns_first=True),  # GEMM2's row tiles of a column tile first
+    TileConfig(32, 16, 32, 2, 4, 2, swap_ab=True, gemm2_n_tiles=2, gemm2_columns_first=True),  # chunks of 2 tiles
+    TileConfig(16, 32, 32, 1, 4, 2, atomic_sum=False, gemm2_columns_first=True),  # stored rows
 ])
 def test_triton_any_tile_config_is_correct(config):
     """Correctness does not depend on the tile config (padding, grouping, K tail)."""

@@ -77,6 +77,12 @@ to 2.3% slower elsewhere (``results/h200-session6``), so the tuner tries it for 
 **x quantized by GEMM1** (``gemm1_quant_x``, fp8-block128 with a tile per slot): each K step reads x's
 rows in bf16 and quantizes their 1x128 group itself, so the layer has no launch for x (``_a_block128``).
 
+**h quantized by GEMM1** (fp8-block128, 128-wide GEMM1 tiles, no split-K): each row of a tile is one 1x128
+group of h, so the epilogue takes its maximum, writes h in fp8 and the group's scale, and h has no
+quantization launch. On an H200 at each fp8-block128 point of M >= 4 with 128-wide tiles it took 0.97-1.006x
+the time of GEMM1 writing bf16 h and a launch quantizing it (``results/h200-session12/ab-session12.jsonl``);
+tuned, 16x128 tiles with it became the best of Qwen3 fp8-block128 M = 4 to 256.
+
 **GEMM1's weights by TMA** (``gemm1_tma``): the gate and up tiles come through a tensor descriptor of w13
 as ``[E * 2I, hidden]`` instead of pointer tensors (the token rows stay pointer loads: they are gathered
 by slot, which Hopper's TMA cannot do). On an H200 at each point's best config it made the fp8-block128
@@ -112,6 +118,14 @@ and each adds its partial product into the output by the atomic sum, which adds 
 (the routed weight scales each share alike), so no launch follows. Where GEMM2's grid is a fraction of
 the SMs and its K long (Mixtral M=1: 2 experts x 32 tiles of 56 K steps) it made the layer 1.04x faster on
 an H200, and Qwen3 fp8-block128 M=1 1.08x with the sum into the output (``results/h200-session11``).
+
+**GEMM2's column chunks one after another** (``gemm2_columns_first``): GEMM2's programs run every row tile
+of column chunk 0 (one program's columns), then of chunk 1, and so on, instead of grouping row tiles. The
+atomic sum then adds into one chunk of the output's rows at a time; walking the row tiles first, a token's
+top-k additions come far apart and, where the sum is larger than L2, its row has left L2 in between. On an
+H200 it took 0.959x the time at DeepSeek-V3@tp8 fp8-block128 M=4096 (a 59 MB bf16 sum) and 0.99-1.055x at the
+other prefill points (``results/h200-session12/ab-columns-first.jsonl``), so the tuner tries it where the
+sum is larger than L2.
 
 Token counts are never compile-time constants: ``num_slots`` is declared
 ``do_not_specialize`` and the grid is sized from shapes alone (an upper bound
@@ -248,13 +262,17 @@ def _halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.const
 
 
 @triton.jit
-def _tile_coords(pid, max_pid_m, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Map tile number ``pid`` to (pid_m, pid_n), grouping GROUP_M row tiles for weight reuse in L2.
+def _tile_coords(pid, max_pid_m, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+                 COLUMNS_FIRST: tl.constexpr = False):
+    """Map tile number ``pid`` to (pid_m, pid_n), grouping GROUP_M row tiles for weight reuse in L2, or
+    with ``COLUMNS_FIRST`` every row tile of column tile 0, then of column tile 1, and so on.
 
     The layout covers ``max_pid_m`` row tiles (the grid's bound, not the used count), so no
     load precedes the slot and expert loads; programs whose row tile lies past the align's
     used length skip it (``_tile_slots``).
     """
+    if COLUMNS_FIRST:
+        return pid % max_pid_m, pid // max_pid_m
     num_pid_n = tl.cdiv(N, BLOCK_N)
     in_group = GROUP_M * num_pid_n
     first_m = (pid // in_group) * GROUP_M
@@ -575,8 +593,10 @@ def _gemm2_combine(
     PDL: tl.constexpr,  # as in _gemm1_swiglu
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0
     EVEN_N: tl.constexpr,  # N % (BLOCK_N * N_TILES) == 0: every program's column tiles lie within N
+    COLUMNS_FIRST: tl.constexpr,  # every row tile of a column chunk before the next (gemm2_columns_first)
 ):
-    pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N * N_TILES, GROUP_M)
+    pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N * N_TILES, GROUP_M,
+                                COLUMNS_FIRST)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
                                       DIRECT, PDL)
     if valid:
@@ -816,7 +836,8 @@ def fused_moe(
         T, max_blocks, H, I, a2.stride(0), w2.stride(0), w2.stride(1), acc.stride(0),
         *_scale_strides(a2_scale, 2, per_tensor), *_scale_strides(w2_scale, 3),
         ATOMIC_SUM=config.atomic_sum, N_TILES=config.gemm2_n_tiles, SPLIT_K=split2, EVEN_K=I % config.BLOCK_SIZE_K == 0,
-        EVEN_N=H % (config.block_n2 * config.gemm2_n_tiles) == 0, **{**launch, "BLOCK_N": config.block_n2},
+        EVEN_N=H % (config.block_n2 * config.gemm2_n_tiles) == 0, COLUMNS_FIRST=config.gemm2_columns_first,
+        **{**launch, "BLOCK_N": config.block_n2},
     )
     if config.atomic_sum:
         if not config.atomic_out:
