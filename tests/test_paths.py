@@ -468,3 +468,23 @@ def test_layer_reads_no_memory_it_did_not_write(config, monkeypatch):
     ref = moe_reference(inp.x, w, inp.topk_weights, inp.topk_ids)
     assert torch.isfinite(out).all()
     assert torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref) < DTYPES["fp32"].rtol
+
+
+@pytest.mark.parametrize("config", [
+    TileConfig(16, 32, 512, 1, 4, 2),  # the float32 sums
+    TileConfig(16, 32, 512, 1, 4, 2, atomic_out=True, swap_ab=True),  # the output itself
+])
+def test_gemm1_zeroes_sums_of_many_blocks_per_program(config):
+    """GEMM1's programs zero GEMM2's atomic sums, whatever the poisoned output held: here [9, 4000] (35
+    whole blocks of 1024 and a partial one) over a grid of 3 programs, so each zeroes a run of 12 blocks
+    (the last one 11) and program 0 the partial block too."""
+    from moebench.kernels.fused_moe import fused_moe
+
+    problem = Problem(_shape(2, 4000, 32, 1), 9, "fp16", seed=4)
+    inp = make_inputs(problem, DEVICE, draw=1)
+    w = inp.weights
+    out = torch.full((9, 4000), float("nan"), device=DEVICE, dtype=torch.float16)
+    fused_moe(inp.x, w.w13, w.w2, inp.topk_weights, inp.topk_ids, config, out=out)
+    ref = moe_reference(inp.x, w, inp.topk_weights, inp.topk_ids)
+    assert torch.isfinite(out).all()
+    assert torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref) < DTYPES["fp16"].rtol

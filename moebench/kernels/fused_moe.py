@@ -17,7 +17,8 @@ The layer is two launches after the align step:
    that layer took 1472 us against 1393 us with the stored rows. With
    ``atomic_out`` the atomics add into the bf16 output itself: no float32
    buffer, no cast launch, half the bytes reduced in L2, at the cost of bf16
-   roundings in the sum. The tuner tries the three forms everywhere.
+   roundings in the sum. The tuner tries the three forms everywhere. GEMM1's
+   programs zero the sums GEMM2 adds into, each a share, so no launch does.
 
 Why two launches and not one: GEMM2 needs the whole ``I``-long row of the
 activation, which GEMM1 spreads over ``cdiv(I, BLOCK_N)`` programs; fusing them
@@ -325,7 +326,7 @@ def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots
     return slot, expert, valid
 
 
-@triton.jit(do_not_specialize=["num_slots", "max_pid_m", "stride_split"])
+@triton.jit(do_not_specialize=["num_slots", "max_pid_m", "stride_split", "zero_numel"])
 def _gemm1_swiglu(
     x_ptr,  # [M, K] activations (fp8 when QUANT, unless X_QUANT)
     w_ptr,  # [E, 2N, K] gate rows then up rows
@@ -370,10 +371,15 @@ def _gemm1_swiglu(
     X_QUANT: tl.constexpr,  # QUANT 2: x read in its own dtype and quantized in the K loop (x_scale_ptr unused)
     w_desc,  # TMA_W: a tensor descriptor of w13 as [E * 2N, K], blocks [BLOCK_N, BLOCK_K]; else None
     TMA_W: tl.constexpr,  # the weight tiles read by TMA (gemm1_tma)
+    zero_ptr,  # ZERO: GEMM2's atomic top-k sums [M, hidden] (the output, or float32), contiguous
+    zero_numel,  # ZERO: M * hidden
+    ZERO: tl.constexpr,  # every program zeroes its share of zero_ptr, for GEMM2 to add into
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
                                       DIRECT, PDL)
+    if ZERO:  # after _tile_slots' wait: an earlier launch may still be writing the sums' memory
+        _zero_share(zero_ptr, zero_numel)
     if valid:
         row_ok = slot < num_slots
         tok = tl.where(row_ok, slot // TOPK, 0).to(tl.int64)
@@ -418,6 +424,26 @@ def _gemm1_swiglu(
             gu_ptrs = h_ptr + split * stride_split + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
             tl.store(gu_ptrs, acc_g, mask=mask)
             tl.store(gu_ptrs + N, acc_u, mask=mask)
+
+
+# Elements per store of GEMM1's zeroing of the sums (``_zero_share``): 2 KB of bf16, 4 KB of float32.
+ZERO_BLOCK = tl.constexpr(1024)
+
+
+@triton.jit
+def _zero_share(ptr, numel):
+    """Zero this program's share of the ``numel`` elements from ``ptr``: each program of the grid (valid
+    tile or not) a run of whole ZERO_BLOCKs, stored with no mask (so in 16-byte vectors), and program 0
+    the last partial block."""
+    zeros = tl.zeros((ZERO_BLOCK,), dtype=ptr.dtype.element_ty)
+    full = numel // ZERO_BLOCK  # blocks wholly inside
+    share = tl.cdiv(full, tl.num_programs(0))  # blocks per program
+    first = tl.program_id(0).to(tl.int64) * share
+    for block in range(first, tl.minimum(first + share, full)):
+        tl.store(ptr + block * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK), zeros)
+    if tl.program_id(0) == 0:
+        offs = full.to(tl.int64) * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
+        tl.store(ptr + offs, zeros, mask=offs < numel)
 
 
 @triton.jit
@@ -785,14 +811,18 @@ def fused_moe(
     act_dtype = x.dtype
     if out is None:
         out = torch.empty(M, H, device=x.device, dtype=act_dtype)
-    # GEMM2's top-k sums [M, H], which its atomics add into, zeroed (one launch): float32, then cast to the
-    # output; with atomic_out the output itself (bf16 additions, no cast launch).
+    # GEMM2's top-k sums [M, H], which its atomics add into: float32, then cast to the output; with atomic_out
+    # the output itself (bf16 additions, no cast launch). GEMM1's programs zero it (no launch) where it is one
+    # contiguous block.
     if config.atomic_out:
         assert out.stride(1) == 1, "atomic_out adds into the output: its rows must be contiguous"
         assert not (interpreting() and out.dtype == torch.bfloat16), "the Triton interpreter has no bf16 atomics"
-        acc = out.zero_()
+        acc = out
     else:
-        acc = torch.zeros(M, H, device=x.device, dtype=torch.float32) if config.atomic_sum else None
+        acc = torch.empty(M, H, device=x.device, dtype=torch.float32) if config.atomic_sum else None
+    zero = acc is not None and acc.is_contiguous()
+    if acc is not None and not zero:
+        acc.zero_()
 
     # fp8-block128 after a split-K GEMM1: the _swiglu launch writes GEMM2's fp8 input and group scales; without
     # split-K, GEMM1's epilogue does where its tiles are 128 columns wide (a row's group per tile). Static scales
@@ -811,7 +841,8 @@ def fused_moe(
         T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2), stride_split,
         h_scale.stride(0) if group_out else 0, *_scale_strides(a1_scale, 2, per_tensor),
         *_scale_strides(w13_scale, 3), SPLIT_K=split, MERGED=config.gemm1_merged, STATIC_OUT=static_out,
-        GROUP_OUT=group_out, ROUND_FIRST=interpreting(), X_QUANT=x_quant,
+        GROUP_OUT=group_out, ROUND_FIRST=interpreting(), X_QUANT=x_quant, zero_ptr=acc if zero else None,
+        zero_numel=acc.numel() if zero else 0, ZERO=zero,
         EVEN_K=H % config.BLOCK_SIZE_K == 0, EVEN_N=I % config.BLOCK_SIZE_N == 0,
         w_desc=_weight_descriptor(w13, config) if config.gemm1_tma else None, TMA_W=config.gemm1_tma, **launch,
     )

@@ -1,0 +1,33 @@
+"""A/B on a GPU: GEMM1's programs zeroing GEMM2's atomic sums (the working tree) against a launch zeroing them
+first (the kernels of commit 3869705), every benchmark point at its best config of the runs the report of
+docs/kernels.md reads, and with the sum into the output where that config stores rows.
+
+Variants: "base" (3869705, the best config), "new" (the tree, the best config; where it has the atomic sum),
+"out_base" / "out_new" (the best config with the sum into the output; where it stores rows). Each variant
+checked against the float32 reference first (``*_err``), timed twice interleaved (CUDA-graph replay, L2
+flushed, median us), the faster kept.
+
+    git show 3869705:moebench/kernels/fused_moe.py > .scratch/fused_moe_head.py
+    PYTHONPATH=$PWD python3 scripts/ab_zero_in_gemm1.py [MIN_M [MAX_M]] > rows.jsonl
+"""
+
+import json
+import sys
+from dataclasses import replace
+
+from _points import best_rows, check_then_time, m_range, prefill_first, scratch_module
+
+import moebench.kernels.fused_moe as kernels
+
+head = scratch_module("fused_moe_head")
+R = "results/h200-kernels-"
+best = best_rows(R + "6be41bd", R + "6be41bd-ds4096", R + "1fd6e45/*-*", R + "1694d9e/*-*", R + "b7f19ac/*-*",
+                 R + "93e00f1/*-*", R + "d02c38f/*-*", R + "31c76a7/*-*", R + "0bd199d/*-*", R + "3869705/*-*")
+for cfg, problem, inp, ref, out, row in prefill_first(best, *m_range(sys.argv[1:])):
+    variants = {"base": (head, cfg)}
+    if cfg.atomic_sum:
+        variants["new"] = (kernels, cfg)
+    else:
+        into_out = replace(cfg, atomic_sum=True, atomic_out=True)
+        variants.update(out_base=(head, into_out), out_new=(kernels, into_out))
+    print(json.dumps(check_then_time(row, variants, inp, out, ref, problem.spec.rtol)), flush=True)
