@@ -470,15 +470,21 @@ def test_layer_reads_no_memory_it_did_not_write(config, monkeypatch):
     assert torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref) < DTYPES["fp32"].rtol
 
 
+@pytest.mark.parametrize("in_gemm1", [True, False])
 @pytest.mark.parametrize("config", [
     TileConfig(16, 32, 512, 1, 4, 2),  # the float32 sums
     TileConfig(16, 32, 512, 1, 4, 2, atomic_out=True, swap_ab=True),  # the output itself
 ])
-def test_gemm1_zeroes_sums_of_many_blocks_per_program(config):
+def test_gemm1_zeroes_sums_of_many_blocks_per_program(config, in_gemm1, monkeypatch):
     """GEMM1's programs zero GEMM2's atomic sums, whatever the poisoned output held: here [9, 4000] (35
     whole blocks of 1024 and a partial one) over a grid of 3 programs, so each zeroes a run of 12 blocks
-    (the last one 11) and program 0 the partial block too."""
+    (the last one 11) and program 0 the partial block too. Sums larger than ZERO_IN_GEMM1_BYTES (here set
+    to 0) are zeroed by a launch before GEMM1."""
+    from moebench.kernels import fused_moe as fm
     from moebench.kernels.fused_moe import fused_moe
+
+    if not in_gemm1:
+        monkeypatch.setattr(fm, "ZERO_IN_GEMM1_BYTES", 0)
 
     problem = Problem(_shape(2, 4000, 32, 1), 9, "fp16", seed=4)
     inp = make_inputs(problem, DEVICE, draw=1)

@@ -17,8 +17,9 @@ The layer is two launches after the align step:
    that layer took 1472 us against 1393 us with the stored rows. With
    ``atomic_out`` the atomics add into the bf16 output itself: no float32
    buffer, no cast launch, half the bytes reduced in L2, at the cost of bf16
-   roundings in the sum. The tuner tries the three forms everywhere. GEMM1's
-   programs zero the sums GEMM2 adds into, each a share, so no launch does.
+   roundings in the sum. The tuner tries the three forms everywhere. Where the
+   sums are small (decode), GEMM1's programs zero them, each a share, so no
+   launch does.
 
 Why two launches and not one: GEMM2 needs the whole ``I``-long row of the
 activation, which GEMM1 spreads over ``cdiv(I, BLOCK_N)`` programs; fusing them
@@ -428,6 +429,11 @@ def _gemm1_swiglu(
 
 # Elements per store of GEMM1's zeroing of the sums (``_zero_share``): 2 KB of bf16, 4 KB of float32.
 ZERO_BLOCK = tl.constexpr(1024)
+# The largest sums GEMM1 zeroes; larger ones are zeroed by a launch before it. On an H200 at each point's best
+# config (results/h200-session12/ab-zero-in-gemm1.jsonl) GEMM1 zeroing took 0.955-1.002x the time at the 21
+# points of M <= 64 (sums up to 0.9 MB; Qwen3 fp8-block128 M=1 24.2 to 23.1 us), 0.997-1.006x at M=256 and
+# 0.99-1.09x at M >= 1024 (Mixtral bf16 and fp8-tensor M=4096, 34 MB: 1.07x and 1.09x).
+ZERO_IN_GEMM1_BYTES = 1 << 20
 
 
 @triton.jit
@@ -812,15 +818,15 @@ def fused_moe(
     if out is None:
         out = torch.empty(M, H, device=x.device, dtype=act_dtype)
     # GEMM2's top-k sums [M, H], which its atomics add into: float32, then cast to the output; with atomic_out
-    # the output itself (bf16 additions, no cast launch). GEMM1's programs zero it (no launch) where it is one
-    # contiguous block.
+    # the output itself (bf16 additions, no cast launch). GEMM1's programs zero them (no launch) where they are
+    # one contiguous block of at most ZERO_IN_GEMM1_BYTES.
     if config.atomic_out:
         assert out.stride(1) == 1, "atomic_out adds into the output: its rows must be contiguous"
         assert not (interpreting() and out.dtype == torch.bfloat16), "the Triton interpreter has no bf16 atomics"
         acc = out
     else:
         acc = torch.empty(M, H, device=x.device, dtype=torch.float32) if config.atomic_sum else None
-    zero = acc is not None and acc.is_contiguous()
+    zero = acc is not None and acc.is_contiguous() and acc.numel() * acc.element_size() <= ZERO_IN_GEMM1_BYTES
     if acc is not None and not zero:
         acc.zero_()
 
