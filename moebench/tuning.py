@@ -191,7 +191,7 @@ def _tries_columns_first(cfg: TileConfig, problem: Problem) -> bool:
     sum [M, hidden] is larger than L2 and GEMM2 walks the row tiles first, the atomics of each token's top-k
     slots come far apart and its row leaves L2 in between. On an H200 at each point's best config
     (results/h200-session12/ab-columns-first.jsonl), with the sum into the bf16 output it took 0.959x the
-    time at DeepSeek-V3@tp8 fp8-block128 M=4096 (a 59 MB sum) and 0.99-1.055x at the other prefill points,
+    time at DeepSeek-V3@tp8 fp8-block128 M=4096 (a 59 MB sum) and 0.988-1.055x at the other prefill points,
     whose sums fit in L2 (Mixtral M=4096, 34 MB: 1.02x)."""
     sum_bytes = problem.M * problem.shape.hidden * (problem.spec.act.itemsize if cfg.atomic_out else 4)
     return cfg.atomic_sum and cfg.gemm2_split_k == 1 and sum_bytes > L2_BYTES

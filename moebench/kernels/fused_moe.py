@@ -125,7 +125,7 @@ an H200, and Qwen3 fp8-block128 M=1 1.08x with the sum into the output (``result
 of column chunk 0 (one program's columns), then of chunk 1, and so on, instead of grouping row tiles. The
 atomic sum then adds into one chunk of the output's rows at a time; walking the row tiles first, a token's
 top-k additions come far apart and, where the sum is larger than L2, its row has left L2 in between. On an
-H200 it took 0.959x the time at DeepSeek-V3@tp8 fp8-block128 M=4096 (a 59 MB bf16 sum) and 0.99-1.055x at the
+H200 it took 0.959x the time at DeepSeek-V3@tp8 fp8-block128 M=4096 (a 59 MB bf16 sum) and 0.988-1.055x at the
 other prefill points (``results/h200-session12/ab-columns-first.jsonl``), so the tuner tries it where the
 sum is larger than L2.
 
@@ -431,8 +431,8 @@ def _gemm1_swiglu(
 ZERO_BLOCK = tl.constexpr(1024)
 # The largest sums GEMM1 zeroes; larger ones are zeroed by a launch before it. On an H200 at each point's best
 # config (results/h200-session12/ab-zero-in-gemm1.jsonl) GEMM1 zeroing took 0.955-1.002x the time at the 21
-# points of M <= 64 (sums up to 0.9 MB; Qwen3 fp8-block128 M=1 24.2 to 23.1 us), 0.997-1.006x at M=256 and
-# 0.99-1.09x at M >= 1024 (Mixtral bf16 and fp8-tensor M=4096, 34 MB: 1.07x and 1.09x).
+# points of M <= 64 (sums up to 0.9 MB; Qwen3 fp8-block128 M=1 24.2 to 23.1 us), 0.996-1.002x at M=256 and
+# 0.989-1.086x at M >= 1024 (Mixtral bf16 and fp8-tensor M=4096, 34 MB: 1.073x and 1.086x).
 ZERO_IN_GEMM1_BYTES = 1 << 20
 
 
