@@ -1,7 +1,8 @@
 """A/B on a GPU: GEMM2 taking its column chunks one after another (``gemm2_columns_first``: every row tile
 of a chunk before the next), so a token's top-k atomic additions come close together and its output row
 stays in L2, at every benchmark point of M >= 256 at its best config of the runs the report of
-docs/kernels.md reads ("base").
+docs/kernels.md reads ("base"; ``_points.REPORT_RUNS``, whose last were those of 31c76a7 when the committed
+rows were made).
 
 Variants: "out" the best config with the sum into the output (bf16 activations; fp8's output is bf16 too),
 "out_nmajor" the same with GEMM2's column chunks first, "f32" the best config with the float32 atomic sum,
@@ -18,13 +19,11 @@ import json
 import sys
 from dataclasses import replace
 
-from _points import best_rows, check_then_time, m_range, prefill_first
+from _points import REPORT_RUNS, best_rows, check_then_time, m_range, prefill_first
 
 import moebench.kernels.fused_moe as kernels
 
-R = "results/h200-kernels-"
-best = best_rows(R + "6be41bd", R + "6be41bd-ds4096", R + "1fd6e45/*-*", R + "1694d9e/*-*", R + "b7f19ac/*-*",
-                 R + "93e00f1/*-*", R + "d02c38f/*-*", R + "31c76a7/*-*")
+best = best_rows(*REPORT_RUNS)
 lo, hi = m_range(sys.argv[1:] or ["256"])
 for cfg, problem, inp, ref, out, row in prefill_first(best, lo, hi):
     into_out = replace(cfg, atomic_sum=True, atomic_out=True)

@@ -3,7 +3,8 @@
 quantized h.
 
 Each fp8-block128 benchmark point of M >= 4 runs at its best config of the runs the report of
-docs/kernels.md reads ("base"), and with 128-wide tiles (8 warps from 64 rows, as the tuner gives them;
+docs/kernels.md reads (``_points.REPORT_RUNS``; the committed rows were made when its last were those of
+31c76a7) ("base"), and with 128-wide tiles (8 warps from 64 rows, as the tuner gives them;
 stages fitted to shared memory; GEMM2 at GEMM1's width): "w128_launch" on 692dd05's kernels (GEMM1 writes
 h in bf16, a launch quantizes it) and "w128" on the working tree's (GEMM1 writes fp8 h and its scales). Each
 variant checked against the float32 reference first (``*_err``), timed twice interleaved (CUDA-graph replay,
@@ -17,15 +18,13 @@ import json
 import sys
 from dataclasses import replace
 
-from _points import best_rows, check_then_time, m_range, prefill_first, scratch_module
+from _points import REPORT_RUNS, best_rows, check_then_time, m_range, prefill_first, scratch_module
 
 import moebench.kernels.fused_moe as kernels
 from moebench.tile import fit_stages
 
 head = scratch_module("fused_moe_head")
-R = "results/h200-kernels-"
-best = best_rows(R + "6be41bd", R + "6be41bd-ds4096", R + "1fd6e45/*-*", R + "1694d9e/*-*", R + "b7f19ac/*-*",
-                 R + "93e00f1/*-*", R + "d02c38f/*-*", R + "31c76a7/*-*")
+best = best_rows(*REPORT_RUNS)
 best = {key: row for key, row in best.items() if key[1] == "fp8-block128"}
 for cfg, problem, inp, ref, out, row in prefill_first(best, *m_range(sys.argv[1:])):
     variants = {"base": (kernels, cfg)}

@@ -1,6 +1,7 @@
 """A/B on a GPU: GEMM1's programs zeroing GEMM2's atomic sums (the working tree) against a launch zeroing them
 first (the kernels of commit 3869705), every benchmark point at its best config of the runs the report of
-docs/kernels.md reads, and with the sum into the output where that config stores rows.
+docs/kernels.md reads (``_points.REPORT_RUNS``, whose last were those of 3869705 when the committed rows
+were made), and with the sum into the output where that config stores rows.
 
 Variants: "base" (3869705, the best config), "new" (the tree, the best config; where it has the atomic sum),
 "out_base" / "out_new" (the best config with the sum into the output; where it stores rows). Each variant
@@ -15,14 +16,12 @@ import json
 import sys
 from dataclasses import replace
 
-from _points import best_rows, check_then_time, m_range, prefill_first, scratch_module
+from _points import REPORT_RUNS, best_rows, check_then_time, m_range, prefill_first, scratch_module
 
 import moebench.kernels.fused_moe as kernels
 
 head = scratch_module("fused_moe_head")
-R = "results/h200-kernels-"
-best = best_rows(R + "6be41bd", R + "6be41bd-ds4096", R + "1fd6e45/*-*", R + "1694d9e/*-*", R + "b7f19ac/*-*",
-                 R + "93e00f1/*-*", R + "d02c38f/*-*", R + "31c76a7/*-*", R + "0bd199d/*-*", R + "3869705/*-*")
+best = best_rows(*REPORT_RUNS)
 for cfg, problem, inp, ref, out, row in prefill_first(best, *m_range(sys.argv[1:])):
     variants = {"base": (head, cfg)}
     if cfg.atomic_sum:

@@ -835,7 +835,7 @@ def fused_moe(
     # without split-K: GEMM1's epilogue writes it.
     split = config.split_k
     group_out = quant == QUANT_BLOCK and split == 1 and config.BLOCK_SIZE_N == 128
-    quant_out = quant == QUANT_BLOCK and split > 1 or group_out
+    quant_out = (quant == QUANT_BLOCK and split > 1) or group_out
     static_out = static and split == 1
     h = torch.empty(T, I, device=x.device, dtype=w2.dtype if quant_out or static_out else act_dtype)  # [T, I]
     h_scale = torch.empty(T, triton.cdiv(I, 128), device=x.device, dtype=torch.float32) if quant_out else None
