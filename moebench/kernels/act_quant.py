@@ -50,6 +50,17 @@ def to_fp8(v, dtype, ROUND_FIRST: tl.constexpr):
 
 
 @triton.jit
+def quantize_groups_of(v, AXIS: tl.constexpr, fp8_dtype, ROUND_FIRST: tl.constexpr):
+    """float32 tile ``v`` in fp8 with one scale per group, a group being v's elements along ``AXIS`` (a 1x128
+    group per row with AXIS=1, per column with 0): (the fp8 tile, the scales). Every 1x128-group quantization
+    of the layer (this module's launch, and the GEMMs that quantize x or h themselves) is this arithmetic, so
+    they give the same bits."""
+    scale = tl.maximum(tl.max(tl.abs(v), axis=AXIS), 1e-12) / 448.0
+    q = to_fp8(tl.minimum(tl.maximum(v / tl.expand_dims(scale, AXIS), -448.0), 448.0), fp8_dtype, ROUND_FIRST)
+    return q, scale
+
+
+@triton.jit
 def _row_amax(x_ptr, amax_ptr, K, stride_x, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     dependent.start(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -104,8 +115,7 @@ def _quantize_groups(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s
     ok = row_ok[:, None] & (cols < K)[None, :]
     r64 = rows.to(tl.int64)
     v = tl.load(x_ptr + r64[:, None] * stride_x + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-12) / 448.0  # [BLOCK_R]
-    q = to_fp8(tl.minimum(tl.maximum(v / scale[:, None], -448.0), 448.0), q_ptr.dtype.element_ty, ROUND_FIRST)
+    q, scale = quantize_groups_of(v, 1, q_ptr.dtype.element_ty, ROUND_FIRST)  # scale [BLOCK_R]
     tl.store(q_ptr + r64[:, None] * stride_q + cols[None, :], q, mask=ok)
     tl.store(scale_ptr + r64 * stride_s + g, scale, mask=row_ok)
 

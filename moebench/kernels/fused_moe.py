@@ -145,7 +145,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from moebench._interpret import interpreting
 from moebench.errors import UserError
 from moebench.kernels import pdl as dependent
-from moebench.kernels.act_quant import quantize_act, to_fp8
+from moebench.kernels.act_quant import quantize_act, quantize_groups_of, to_fp8
 from moebench.routing import moe_align
 from moebench.tile import TileConfig, tma_rows
 
@@ -214,19 +214,14 @@ def _a_block128(a_ptrs, x_scale_ptr, tok, k, row_ok, k_ok, stride_xsm, stride_xs
     """fp8-block128 K step ``k``: the token rows in fp8 and their 1x128 group scales [BM].
 
     ``X_QUANT`` (``gemm1_quant_x``, with a tile per slot): the rows are read in x's dtype and quantized
-    here with the arithmetic of ``act_quant._quantize_groups`` (the same bits), so x needs no quantization
-    launch. On an H200 at the best configs (results/h200-session9/ab-fusions.jsonl) the layer got faster
+    here by ``act_quant.quantize_groups_of``, as the quantization launch does (the same bits), so x needs no
+    quantization launch. On an H200 at the best configs (results/h200-session9/ab-fusions.jsonl) the layer got faster
     where a program walks 4 K steps or fewer (split-K at M=1: DeepSeek-V3@tp8 27.1 to 26.4 us, Qwen3 26.6
     to 25.4) and 1.07-1.13x slower where it walks 14-16 (M=4): the conversion stands between each step's
     load and its MMA. So it is a tile-config field the tuner tries at decode."""
     a = _load_a(a_ptrs, row_ok, k_ok, EVEN_K, SWAP_AB)
-    if X_QUANT:
-        v = a.to(tl.float32)
-        if SWAP_AB:  # [BK, BM]
-            xs = tl.maximum(tl.max(tl.abs(v), axis=0), 1e-12) / 448.0
-        else:  # [BM, BK]
-            xs = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-12) / 448.0
-        a = to_fp8(tl.minimum(tl.maximum(v / _per_token(xs, SWAP_AB), -448.0), 448.0), fp8_dtype, ROUND_FIRST)
+    if X_QUANT:  # a [BK, BM] swapped, else [BM, BK]: a token's group is a column, else a row
+        a, xs = quantize_groups_of(a.to(tl.float32), 0 if SWAP_AB else 1, fp8_dtype, ROUND_FIRST)
     else:
         xs = tl.load(x_scale_ptr + tok * stride_xsm + k * stride_xsk)
     return a, xs
@@ -414,9 +409,8 @@ def _gemm1_swiglu(
                 tl.store(h_ptrs, to_fp8(h, h_ptr.dtype.element_ty, ROUND_FIRST), mask=mask)
             elif GROUP_OUT:  # GEMM2's fp8-block128 input: each token row of the tile is one group
                 h = tl.where(mask, h, 0.0)  # columns past N (with TMA_W, read from other rows) out of the max
-                scale = tl.maximum(tl.max(tl.abs(h), axis=0 if SWAP_AB else 1), 1e-12) / 448.0  # [BM]
-                h = tl.minimum(tl.maximum(h / _per_token(scale, SWAP_AB), -448.0), 448.0)
-                tl.store(h_ptrs, to_fp8(h, h_ptr.dtype.element_ty, ROUND_FIRST), mask=mask)
+                q, scale = quantize_groups_of(h, 0 if SWAP_AB else 1, h_ptr.dtype.element_ty, ROUND_FIRST)  # [BM]
+                tl.store(h_ptrs, q, mask=mask)
                 tl.store(h_scale_ptr + slot_safe * stride_hsm + pid_n, scale, mask=row_ok)
             else:
                 tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask)
@@ -573,9 +567,7 @@ def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, stride_hsm, stride_split, SPLIT_K: tl
             g = _split_sum(gu_ptr, row * 2 * N + offs, ok, stride_split, SPLIT_K)
             u = _split_sum(gu_ptr, row * 2 * N + N + offs, ok, stride_split, SPLIT_K)
             h = g * tl.sigmoid(g) * u
-            scale = tl.maximum(tl.max(tl.abs(h), axis=1), 1e-12) / 448.0  # [BLOCK_G]
-            q = to_fp8(tl.minimum(tl.maximum(h / scale[:, None], -448.0), 448.0), h_ptr.dtype.element_ty,
-                       ROUND_FIRST)
+            q, scale = quantize_groups_of(h, 1, h_ptr.dtype.element_ty, ROUND_FIRST)  # scale [BLOCK_G]
             tl.store(h_ptr + row * N + offs, q, mask=ok)
             tl.store(h_scale_ptr + row * stride_hsm + groups, scale, mask=groups * 128 < N)
     else:
