@@ -58,11 +58,7 @@ def split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
     """
     s = problem.shape
     programs = min(s.experts, problem.M * s.topk) * -(-s.intermediate // cfg.BLOCK_SIZE_N)
-    k_steps = -(-s.hidden // cfg.BLOCK_SIZE_K)
-    split = 1
-    while programs * split < 2 * sms and split * 2 <= k_steps // 2:
-        split *= 2
-    return split
+    return _split_to_fill(programs, -(-s.hidden // cfg.BLOCK_SIZE_K), sms)
 
 
 def gemm2_split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
@@ -75,7 +71,12 @@ def gemm2_split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
     slots = problem.M * s.topk
     row_tiles = max(min(s.experts, slots), -(-slots // cfg.BLOCK_SIZE_M))
     programs = row_tiles * -(-s.hidden // cfg.block_n2)
-    k_steps = -(-s.intermediate // cfg.BLOCK_SIZE_K)
+    return _split_to_fill(programs, -(-s.intermediate // cfg.BLOCK_SIZE_K), sms)
+
+
+def _split_to_fill(programs: int, k_steps: int, sms: int) -> int:
+    """The power-of-two split of ``programs`` programs of ``k_steps`` K steps each that gives about two
+    programs per SM, each split keeping at least two steps (1 when the grid is full enough)."""
     split = 1
     while programs * split < 2 * sms and split * 2 <= k_steps // 2:
         split *= 2
@@ -132,15 +133,11 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
             if _tries_merged(c, spec):
                 merged = replace(c, gemm1_merged=True)
                 out.setdefault(merged.key(), merged)
-            if _tries_tma(c, spec, per_expert, s.hidden):
-                tma = replace(c, gemm1_tma=True)
-                out.setdefault(tma.key(), tma)
-                if _tries_columns_first(tma, problem):
-                    tma_cols = replace(tma, gemm2_columns_first=True)
-                    out.setdefault(tma_cols.key(), tma_cols)
-            if _tries_columns_first(c, problem):
-                cols = replace(c, gemm2_columns_first=True)
-                out.setdefault(cols.key(), cols)
+            tma = (replace(c, gemm1_tma=True),) if _tries_tma(c, spec, per_expert, s.hidden) else ()
+            # GEMM2's column chunks first, beside the TMA form and the plain one.
+            chunked = (*tma, c) if _tries_columns_first(c, problem) else ()
+            for form in tma + tuple(replace(g1, gemm2_columns_first=True) for g1 in chunked):
+                out.setdefault(form.key(), form)
             if route and spec.fp8_scheme == "block128":
                 # On an H200 it won where a program walks few K steps (split-K at M=1) and lost where it
                 # walks 14-16 (results/h200-session9/ab-fusions.jsonl), so the tuner measures both; with GEMM2
