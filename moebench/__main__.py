@@ -1,3 +1,4 @@
 from moebench.cli import main
 
-main()
+if __name__ == "__main__":  # not in a worker process started by spawn (moebench.precompile)
+    main()

@@ -89,14 +89,18 @@ def cli() -> None:
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS),
               help="Printed output.")
 @click.option("--tune", is_flag=True, help="Try the tile-config candidates for the triton path (a row each).")
+@click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
+              help="With --tune on a GPU: worker processes that compile each point's candidates before it is "
+                   "timed; 0 compiles them one by one in the sweep's process. [default: cores - 1, at most 12]")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
 def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dtypes, paths, routing, seed, tp,
-          ep, out_dir, fmt, tune, progress):
+          ep, out_dir, fmt, tune, compile_jobs, progress):
     """Run a sweep from SPEC (a YAML file in sweeps/) or from flags, write a run folder, print tables.
 
     With neither, runs sweeps/quick.yaml on a GPU, or sweeps/cpu.yaml (a tiny shape on
     the Triton interpreter: correctness only, CPU timings are not GPU performance).
     """
+    from moebench.precompile import default_jobs
     from moebench.results import load_run
     from moebench.runner import run_sweep
     from moebench.spec import from_options
@@ -126,7 +130,11 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
         def advanced(row: dict) -> None:
             bar.update(task, advance=1, description=f"{row['model']} {row['dtype']} M={row['M']} {row['path']}")
 
-        run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started)
+        def noted(text: str) -> None:
+            bar.update(task, description=text)
+
+        jobs = default_jobs() if compile_jobs is None else compile_jobs
+        run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started, compile_jobs=jobs, on_note=noted)
     _, df = load_run(run_dir)
     _print_tables(df, fmt, out)
     _err.print(f"run folder: {run_dir}")

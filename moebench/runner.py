@@ -20,6 +20,7 @@ from moebench.environment import describe, device_name
 from moebench.errors import UserError
 from moebench.paths import Target, get_path
 from moebench.paths.torch_ref import moe_reference
+from moebench.precompile import Precompiler
 from moebench.problem import MoEInputs, Problem, make_inputs, make_weights
 from moebench.results import RunWriter, new_run_dir
 from moebench.roofline import Ceilings, floor, measure_ceilings
@@ -135,14 +136,21 @@ def validate(spec: SweepSpec, target: Target) -> None:
 
 
 def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | None = None,
-              on_start: Callable[[int], None] | None = None) -> Path:
-    """Run every point of ``spec``; return the run folder. ``on_row`` sees each row as it is written."""
+              on_start: Callable[[int], None] | None = None, compile_jobs: int = 0,
+              on_note: Callable[[str], None] | None = None) -> Path:
+    """Run every point of ``spec``; return the run folder. ``on_row`` sees each row as it is written.
+
+    ``compile_jobs`` > 0 (a tuned sweep on a GPU): that many worker processes compile each tuned point's
+    candidates before it is timed (``moebench.precompile``); ``on_note`` is told when they start on a point.
+    """
     target = Target.current()
     validate(spec, target)
     points = spec.points()
+    if not spec.tune or target.interpreter:
+        compile_jobs = 0  # nothing to compile ahead: one config per point, or no compiler (the interpreter)
     meta = describe(target.interpreter)
     meta.update(sweep=spec.name, timing_method=GRAPH if not target.interpreter else "interpreter wall clock",
-                points=len(points), tune=spec.tune)
+                points=len(points), tune=spec.tune, compile_jobs=compile_jobs)
     ceilings = None
     if target.device.type == "cuda" and not target.interpreter:
         ceilings = measure_ceilings()
@@ -151,6 +159,7 @@ def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | 
     if on_start:
         on_start(sum(len(configs_for(get_path(n), p, spec.tune, target)) for p, n in points))
     status = "interrupted"
+    precompiler = Precompiler(compile_jobs) if compile_jobs else None
     try:
         for (shape, dtype), group in groupby(points, key=lambda pp: (pp[0].shape, pp[0].dtype)):
             group = list(group)
@@ -172,9 +181,15 @@ def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | 
                         if ref is None and not path.baseline:
                             ci = check_inputs
                             ref = moe_reference(ci.x, ci.weights, ci.topk_weights, ci.topk_ids)
+                        configs = configs_for(path, problem, spec.tune, target)
+                        if precompiler and path.tunable and len(configs) > 1:
+                            if on_note:
+                                on_note(f"compiling {len(configs)} configs of {problem.shape.name} {problem.dtype} "
+                                        f"M={problem.M} on {compile_jobs} workers")
+                            precompiler.compile(path_name, problem, configs)
                         rows = (run_point(problem, path_name, inputs, check_inputs, target, ceilings, cfg, ref,
                                           budget_s=0.1 if spec.tune else 0.3)
-                                for cfg in configs_for(path, problem, spec.tune, target))
+                                for cfg in configs)
                     for row in rows:
                         writer.append(row)
                         if on_row:
@@ -184,5 +199,10 @@ def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | 
                 torch.cuda.empty_cache()
         status = "complete"
     finally:
-        writer.finish(status)
+        extra = {}
+        if precompiler:
+            precompiler.close()
+            if precompiler.broken:
+                extra["compile_jobs_stopped"] = precompiler.broken
+        writer.finish(status, **extra)
     return writer.run_dir

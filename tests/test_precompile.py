@@ -1,0 +1,70 @@
+"""Compiling a tuned point's candidates in worker processes: each runs, failures come back as one line, and
+on a GPU the sweep's process then compiles none of them again."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from moebench._interpret import interpreting
+from moebench.models import get_model
+from moebench.paths import get_path
+from moebench.precompile import Precompiler
+from moebench.problem import Problem, make_inputs
+from moebench.tile import TileConfig
+from moebench.tuning import candidates
+
+TINY = get_model("tiny")
+
+
+def test_workers_run_each_candidate_and_say_which_could_not_run():
+    """Two candidates run in a worker (the interpreter on a CPU, the GPU on a GPU); a config the path refuses
+    (gemm1_quant_x is for fp8-block128) comes back as its error's one line, not as an exception."""
+    problem = Problem(TINY, 1, "fp16")
+    good = candidates(problem)[:2]
+    bad = replace(good[0], gemm1_quant_x=True, direct_route=True)
+    with Precompiler(1) as workers:
+        results = workers.compile("triton", problem, [*good, bad])
+    assert results[:2] == [None, None]
+    assert results[2].startswith("UserError: ") and "gemm1_quant_x" in results[2]
+    assert workers.broken is None
+
+
+def test_a_precompiler_needs_a_worker():
+    with pytest.raises(ValueError, match="at least one worker"):
+        Precompiler(0)
+
+
+def _compiled(cache: Path) -> int:
+    """Kernels in a Triton cache folder: one metadata group per compiled kernel."""
+    return len(list(cache.rglob("__grp__*.json")))
+
+
+@pytest.mark.skipif(interpreting() or not torch.cuda.is_available(), reason="compiles for a GPU")
+def test_precompiled_candidates_are_not_compiled_again(tmp_path, monkeypatch):
+    """With a fresh Triton cache, workers compile three candidates of a point into it; running them in this
+    process then adds no kernel to the cache, while a config the workers did not run adds some (so this
+    process does compile into that cache when it has to)."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    problem = Problem(TINY, 3, "fp16")
+    configs = candidates(problem)[:3]
+    with Precompiler(2) as workers:
+        assert workers.compile("triton", problem, configs) == [None] * 3
+    after_workers = _compiled(tmp_path)
+    assert after_workers >= 2 * len(configs)  # two GEMMs per candidate at least
+
+    inputs = make_inputs(problem, "cuda")
+    out = torch.empty(problem.M, TINY.hidden, device="cuda", dtype=torch.float16)
+    path = get_path("triton")
+    for cfg in configs:
+        path.prepare(inputs, problem, cfg)(out)
+    torch.cuda.synchronize()
+    assert _compiled(tmp_path) == after_workers
+
+    unseen = TileConfig(32, 32, 32, 1, 2, 2)  # a shape no candidate has: compiled here, into the same cache
+    path.prepare(inputs, problem, unseen)(out)
+    torch.cuda.synchronize()
+    assert _compiled(tmp_path) > after_workers
