@@ -10,6 +10,10 @@ no timing shares the GPU with them.
 
 Nothing depends on a worker succeeding: a candidate a worker could not run (out of shared memory, say) is
 compiled and reported by the sweep's process as before.
+
+Each worker builds the point's weights itself, one worker at a time (a lock), and gives the temporaries back
+to the GPU before the next one starts: twelve workers building DeepSeek-V3@tp8 fp8-block128's weights at once
+ran an H200 out of memory.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import nullcontext
 
 from moebench.problem import Problem
 from moebench.tile import TileConfig
@@ -47,7 +52,9 @@ class Precompiler:
         if self.broken:
             return [self.broken] * len(configs)
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("spawn"))
+            spawn = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=spawn, initializer=_start_worker,
+                                             initargs=(spawn.Lock(),))
         try:
             futures = [self._pool.submit(run_candidate, path_name, problem, cfg) for cfg in configs]
             return [f.result() for f in futures]
@@ -68,8 +75,34 @@ class Precompiler:
         self.close()
 
 
-# A worker's inputs, built for the last (shape, dtype, seed, M) it was given: a point's candidates share them.
+# A worker's weights, for the last (shape, dtype, seed) it was given, and its inputs for the last M.
+_weights: dict[tuple, object] = {}
 _inputs: dict[tuple, object] = {}
+_building = nullcontext()  # in a pool, the pool's lock: one worker builds weights at a time
+
+
+def _start_worker(lock) -> None:
+    global _building
+    _building = lock
+
+
+def _inputs_for(problem: Problem, device):
+    import torch
+
+    from moebench.problem import make_inputs, make_weights
+
+    key = (problem.shape, problem.dtype, problem.seed)
+    if key not in _weights:
+        _weights.clear()  # one shape's weights at a time
+        _inputs.clear()
+        with _building:
+            torch.cuda.empty_cache()
+            _weights[key] = make_weights(problem.shape, problem.dtype, problem.seed, device)
+            torch.cuda.empty_cache()  # the build's temporaries, back to the GPU for the next worker's build
+    if (*key, problem.M) not in _inputs:
+        _inputs.clear()
+        _inputs[(*key, problem.M)] = make_inputs(problem, device, _weights[key], draw=0)
+    return _inputs[(*key, problem.M)]
 
 
 def run_candidate(path_name: str, problem: Problem, config: TileConfig) -> str | None:
@@ -78,17 +111,11 @@ def run_candidate(path_name: str, problem: Problem, config: TileConfig) -> str |
     import torch
 
     from moebench.paths import Target, get_path
-    from moebench.problem import make_inputs, make_weights
 
     target = Target.current()
-    key = (problem.shape, problem.dtype, problem.seed, problem.M)
-    if key not in _inputs:
-        _inputs.clear()  # one point's inputs at a time
-        weights = make_weights(problem.shape, problem.dtype, problem.seed, target.device)
-        _inputs[key] = make_inputs(problem, target.device, weights, draw=0)
-    inputs = _inputs[key]
-    out = torch.empty(problem.M, problem.shape.hidden, device=target.device, dtype=problem.spec.act)
     try:
+        inputs = _inputs_for(problem, target.device)
+        out = torch.empty(problem.M, problem.shape.hidden, device=target.device, dtype=problem.spec.act)
         get_path(path_name).prepare(inputs, problem, config)(out)
         if target.device.type == "cuda":
             torch.cuda.synchronize()
