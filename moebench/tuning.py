@@ -27,8 +27,7 @@ T = TileConfig
 SMS = 132  # H100/H200 SXM multiprocessors: the grid size split-K aims to fill
 L2_BYTES = 50 * 2**20  # H100/H200 SXM L2 cache
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages) per class of slots per expert.
-_DECODE = (T(16, 64, 128, 1, 4, 4), T(16, 128, 128, 1, 4, 3), T(16, 64, 256, 1, 4, 3), T(16, 32, 256, 1, 4, 4),
-           T(16, 128, 128, 1, 4, 4))
+_DECODE = (T(16, 64, 128, 1, 4, 4), T(16, 128, 128, 1, 4, 3), T(16, 64, 256, 1, 4, 3), T(16, 32, 256, 1, 4, 4))
 _SMALL = (T(32, 64, 128, 1, 4, 4), T(32, 128, 128, 1, 4, 3), T(16, 64, 128, 1, 4, 4), T(64, 64, 128, 1, 4, 3))
 _MID = (T(64, 64, 64, 8, 4, 4), T(64, 128, 64, 8, 4, 4), T(64, 128, 128, 8, 4, 3), T(128, 64, 64, 8, 4, 4))
 # Prefill: per-GEMM profiles on an H200 (results/h200-gemm-split) had 128x256 slowest at every point
