@@ -11,9 +11,11 @@ no timing shares the GPU with them.
 Nothing depends on a worker succeeding: a candidate a worker could not run (out of shared memory, say) is
 compiled and reported by the sweep's process as before.
 
-Each worker builds the point's weights itself, one worker at a time (a lock), and gives the temporaries back
-to the GPU before the next one starts: twelve workers building DeepSeek-V3@tp8 fp8-block128's weights at once
-ran an H200 out of memory.
+GPU memory: each worker builds the point's weights itself, one worker at a time (a lock), and gives the
+temporaries back to the GPU before the next one starts (twelve workers building DeepSeek-V3@tp8 fp8-block128's
+weights at once ran an H200 out of memory). A pool serves the points of one shape and dtype, and is replaced
+by a new one when they change, so idle workers never hold another shape's weights; it has as many workers as
+fit in half the GPU's free memory (``workers_for``), the other half left to the sweep's process.
 """
 
 from __future__ import annotations
@@ -30,31 +32,63 @@ from moebench.tile import TileConfig
 # Workers by default: one per core but one (the sweep's own), at most 12; each holds a CUDA context and the
 # point's weights (DeepSeek-V3@tp8 fp8-block128: 1.4 GB) on the GPU.
 MAX_DEFAULT_JOBS = 12
+# GPU memory a worker takes besides the weights: its CUDA context, the point's inputs and the layer's buffers.
+WORKER_OVERHEAD_BYTES = 1 << 30
 
 
 def default_jobs() -> int:
     return max(0, min((os.cpu_count() or 1) - 1, MAX_DEFAULT_JOBS))
 
 
+def workers_for(jobs: int, weight_bytes: int, free_bytes: int | None) -> int:
+    """How many of ``jobs`` workers to start for weights of ``weight_bytes``: as many as fit in half of
+    ``free_bytes`` of GPU memory (all of them where that is not known: the interpreter, on the CPU)."""
+    if free_bytes is None:
+        return jobs
+    return max(0, min(jobs, free_bytes // 2 // (weight_bytes + WORKER_OVERHEAD_BYTES)))
+
+
+def _weight_bytes(problem: Problem) -> int:
+    """The expert weights of ``problem``: w13 [E, 2I, hidden] and w2 [E, hidden, I] (scales left out)."""
+    s = problem.shape
+    return 3 * s.experts * s.hidden * s.intermediate * problem.spec.weight_bytes
+
+
+def _free_gpu_bytes() -> int | None:
+    import torch
+
+    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+
+
 class Precompiler:
-    """A pool of ``jobs`` worker processes (started on first use) that run a point's candidate configs."""
+    """Up to ``jobs`` worker processes that run a point's candidate configs: a pool per shape and dtype,
+    started on its first point."""
 
     def __init__(self, jobs: int):
         if jobs < 1:
             raise ValueError(f"a precompiler needs at least one worker, not {jobs}")
         self.jobs = jobs
+        self.workers = 0  # in the current pool
         self._pool: ProcessPoolExecutor | None = None
-        self.broken: str | None = None  # why the pool stopped, if it did; then compile() does nothing
+        self._weights_of: tuple | None = None  # the (shape, dtype, seed) the current pool's workers hold
+        self.broken: str | None = None  # why a pool stopped, if one did; then compile() does nothing
 
     def compile(self, path_name: str, problem: Problem, configs: list[TileConfig]) -> list[str | None]:
         """Run ``problem`` on path ``path_name`` once per config, each in a worker; per config, None or why
         it could not run. Returns when all have finished."""
         if self.broken:
             return [self.broken] * len(configs)
+        weights_of = (problem.shape, problem.dtype, problem.seed)
+        if weights_of != self._weights_of:
+            self.close()  # its workers hold another shape's weights
+            self._weights_of = weights_of
+            self.workers = workers_for(self.jobs, _weight_bytes(problem), _free_gpu_bytes())
+            if self.workers:
+                spawn = multiprocessing.get_context("spawn")
+                self._pool = ProcessPoolExecutor(self.workers, mp_context=spawn, initializer=_start_worker,
+                                                 initargs=(spawn.Lock(),))
         if self._pool is None:
-            spawn = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=spawn, initializer=_start_worker,
-                                             initargs=(spawn.Lock(),))
+            return ["no GPU memory for a compile worker"] * len(configs)
         try:
             futures = [self._pool.submit(run_candidate, path_name, problem, cfg) for cfg in configs]
             return [f.result() for f in futures]
@@ -67,6 +101,7 @@ class Precompiler:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
             self._pool = None
+        self._weights_of, self.workers = None, 0
 
     def __enter__(self) -> Precompiler:
         return self
@@ -75,7 +110,7 @@ class Precompiler:
         self.close()
 
 
-# A worker's weights, for the last (shape, dtype, seed) it was given, and its inputs for the last M.
+# A worker's weights (its pool serves one shape and dtype) and its inputs for the last M it was given.
 _weights: dict[tuple, object] = {}
 _inputs: dict[tuple, object] = {}
 _building = nullcontext()  # in a pool, the pool's lock: one worker builds weights at a time

@@ -185,7 +185,7 @@ def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | 
                         if precompiler and path.tunable and len(configs) > 1:
                             if on_note:
                                 on_note(f"compiling {len(configs)} configs of {problem.shape.name} {problem.dtype} "
-                                        f"M={problem.M} on {compile_jobs} workers")
+                                        f"M={problem.M} ahead")
                             precompiler.compile(path_name, problem, configs)
                         rows = (run_point(problem, path_name, inputs, check_inputs, target, ceilings, cfg, ref,
                                           budget_s=0.1 if spec.tune else 0.3)

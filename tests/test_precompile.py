@@ -12,7 +12,7 @@ import torch
 from moebench._interpret import interpreting
 from moebench.models import get_model
 from moebench.paths import get_path
-from moebench.precompile import Precompiler
+from moebench.precompile import WORKER_OVERHEAD_BYTES, Precompiler, workers_for
 from moebench.problem import Problem, make_inputs
 from moebench.tile import TileConfig
 from moebench.tuning import candidates
@@ -31,6 +31,31 @@ def test_workers_run_each_candidate_and_say_which_could_not_run():
     assert results[:2] == [None, None]
     assert results[2].startswith("UserError: ") and "gemm1_quant_x" in results[2]
     assert workers.broken is None
+
+
+def test_a_new_shape_gets_a_new_pool():
+    """Points of another dtype (other weights) are run by a pool started for them; the first one's workers,
+    which hold the first weights, are gone."""
+    fp16, fp32 = Problem(TINY, 1, "fp16"), Problem(TINY, 1, "fp32")
+    with Precompiler(1) as workers:
+        assert workers.compile("triton", fp16, candidates(fp16)[:1]) == [None]
+        first = workers._pool
+        assert workers.compile("triton", fp32, candidates(fp32)[:1]) == [None]
+        assert workers._pool is not first and workers.workers == 1
+
+
+@pytest.mark.parametrize("jobs, weight_gb, free_gb, expected", [
+    (12, 1.4, 139, 12),  # DeepSeek-V3@tp8 fp8-block128 on an H200: all twelve fit
+    (12, 4.8, 60, 5),  # 30 GB for workers of 5.8 GB each
+    (12, 10, 10, 0),  # not one fits in half of what is free: compile in the sweep's process
+    (3, 100, None, 3),  # free memory unknown (the interpreter): as asked
+])
+def test_workers_fit_in_half_the_free_gpu_memory(jobs, weight_gb, free_gb, expected):
+    gb = 1 << 30
+    free = None if free_gb is None else int(free_gb * gb)
+    assert workers_for(jobs, int(weight_gb * gb), free) == expected
+    if expected:
+        assert expected * (int(weight_gb * gb) + WORKER_OVERHEAD_BYTES) <= (free or float("inf")) / 2
 
 
 def test_a_precompiler_needs_a_worker():
