@@ -32,7 +32,6 @@ def test_tuned_sweep_writes_a_checked_row_per_candidate_and_one_row_per_refusal(
     assert len(bf16) == 1 and bf16["status"].item() == "unsupported" and "interpreter" in bf16["error"].item()
 
 
-
 @pytest.mark.skipif(interpreting() or not torch.cuda.is_available(), reason="compiles for a GPU")
 def test_a_tuned_sweep_on_a_gpu_compiles_its_candidates_in_workers(tmp_path):
     """Asked for two compile workers, a tuned GPU sweep uses them (the pool never stopped) and still checks
