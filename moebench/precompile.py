@@ -26,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import nullcontext
 
+from moebench.errors import one_line
 from moebench.problem import Problem
 from moebench.tile import TileConfig
 
@@ -155,6 +156,5 @@ def run_candidate(path_name: str, problem: Problem, config: TileConfig) -> str |
         if target.device.type == "cuda":
             torch.cuda.synchronize()
     except Exception as e:  # reported, not raised: the sweep's process runs this config again and reports it
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return f"{type(e).__name__}: {first}"[:300]
+        return one_line(e)
     return None

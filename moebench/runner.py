@@ -17,7 +17,7 @@ import torch
 import triton
 
 from moebench.environment import describe, device_name
-from moebench.errors import UserError
+from moebench.errors import UserError, one_line
 from moebench.paths import Target, get_path
 from moebench.paths.torch_ref import moe_reference
 from moebench.precompile import Precompiler
@@ -104,8 +104,7 @@ def run_point(problem: Problem, path_name: str, inputs: MoEInputs, check_inputs:
                     "error": f"rel. error {chk.rel_err:.3g} > {problem.spec.rtol:g} against the fp32 reference"}
         t = time_point(path, problem, inputs, target, config, budget_s)
     except _GPU_ERRORS as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return {**row, "status": "error", "error": f"{type(e).__name__}: {first}"[:300]}
+        return {**row, "status": "error", "error": one_line(e)}
     row.update(time_us=t.median_us, time_p20_us=t.p20_us, time_p80_us=t.p80_us, reps=t.reps,
                timing_method=t.method)
     secs = t.median_us * 1e-6
