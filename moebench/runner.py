@@ -8,7 +8,7 @@ first), and only a correct point is timed. Rows are appended as they finish.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
@@ -26,7 +26,7 @@ from moebench.results import RunWriter, new_run_dir
 from moebench.roofline import Ceilings, floor, measure_ceilings
 from moebench.spec import SweepSpec
 from moebench.tile import TileConfig
-from moebench.timing import GRAPH, Timing, time_eager, time_graph, time_wallclock
+from moebench.timing import Timing, graph_method, time_eager, time_graph, time_wallclock
 from moebench.tuning import candidates
 
 # Failures of a GPU-side kind that become a row, not a crash: out of resources,
@@ -115,11 +115,15 @@ def run_point(problem: Problem, path_name: str, inputs: MoEInputs, check_inputs:
     return row
 
 
-def configs_for(path, problem: Problem, tune: bool, target: Target) -> list[TileConfig | None]:
-    """The tile configs a point is run with: the candidates when tuning a tunable path, else one
-    (one row, too, for a point the path cannot run)."""
+def configs_for(path, problem: Problem, tune: bool, target: Target,
+                fixed: Mapping[tuple[str, str, int], TileConfig] | None = None) -> list[TileConfig | None]:
+    """The tile configs a point is run with: the one ``fixed`` names for its (model, dtype, M), else the
+    candidates when tuning a tunable path, else its default (one row, too, for a point the path cannot run)."""
     if not path.tunable or path.supports(problem, target):
         return [None]
+    key = (problem.shape.name, problem.dtype, problem.M)
+    if fixed and key in fixed:
+        return [fixed[key]]
     return candidates(problem) if tune else [path.default_config(problem)]
 
 
@@ -136,8 +140,11 @@ def validate(spec: SweepSpec, target: Target) -> None:
 
 def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | None = None,
               on_start: Callable[[int], None] | None = None, compile_jobs: int = 0,
-              on_note: Callable[[str], None] | None = None) -> Path:
+              on_note: Callable[[str], None] | None = None,
+              configs: Mapping[tuple[str, str, int], TileConfig] | None = None) -> Path:
     """Run every point of ``spec``; return the run folder. ``on_row`` sees each row as it is written.
+    ``configs`` pins the tile config of the tunable paths at the points it names ((model, dtype, M), as rows
+    name them), in place of the tuner's candidates or the default.
 
     ``compile_jobs`` > 0 (a tuned sweep on a GPU): that many worker processes compile each tuned point's
     candidates before it is timed (``moebench.precompile``); ``on_note`` is told when they start on a point.
@@ -148,7 +155,7 @@ def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | 
     if not spec.tune or target.interpreter:
         compile_jobs = 0  # nothing to compile ahead: one config per point, or no compiler (the interpreter)
     meta = describe(target.interpreter)
-    meta.update(sweep=spec.name, timing_method=GRAPH if not target.interpreter else "interpreter wall clock",
+    meta.update(sweep=spec.name, timing_method=graph_method() if not target.interpreter else "interpreter wall clock",
                 points=len(points), tune=spec.tune, compile_jobs=compile_jobs)
     ceilings = None
     if target.device.type == "cuda" and not target.interpreter:
@@ -156,7 +163,7 @@ def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | 
         meta["ceilings"] = ceilings.as_dict()
     writer = RunWriter(new_run_dir(out_base, spec.name), meta)
     if on_start:
-        on_start(sum(len(configs_for(get_path(n), p, spec.tune, target)) for p, n in points))
+        on_start(sum(len(configs_for(get_path(n), p, spec.tune, target, configs)) for p, n in points))
     status = "interrupted"
     precompiler = Precompiler(compile_jobs) if compile_jobs else None
     try:
@@ -180,15 +187,15 @@ def run_sweep(spec: SweepSpec, out_base: Path, on_row: Callable[[dict], None] | 
                         if ref is None and not path.baseline:
                             ci = check_inputs
                             ref = moe_reference(ci.x, ci.weights, ci.topk_weights, ci.topk_ids)
-                        configs = configs_for(path, problem, spec.tune, target)
-                        if precompiler and path.tunable and len(configs) > 1:
+                        tiles = configs_for(path, problem, spec.tune, target, configs)
+                        if precompiler and path.tunable and len(tiles) > 1:
                             if on_note:
-                                on_note(f"compiling {len(configs)} configs of {problem.shape.name} {problem.dtype} "
+                                on_note(f"compiling {len(tiles)} configs of {problem.shape.name} {problem.dtype} "
                                         f"M={problem.M} ahead")
-                            precompiler.compile(path_name, problem, configs)
+                            precompiler.compile(path_name, problem, tiles)
                         rows = (run_point(problem, path_name, inputs, check_inputs, target, ceilings, cfg, ref,
                                           budget_s=0.1 if spec.tune else 0.3)
-                                for cfg in configs)
+                                for cfg in tiles)
                     for row in rows:
                         writer.append(row)
                         if on_row:

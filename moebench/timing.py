@@ -2,10 +2,19 @@
 
 ``time_graph`` is the honest default for GPU paths: the closure is captured
 once in a CUDA graph (no CPU launch gaps between its kernels), and before each
-replay a buffer several times the L2 is overwritten so the weights are read
-from HBM, as they are when a serving engine steps through many layers. Each
-replay is bracketed by its own events; the flush runs before the start event
-and keeps the GPU busy while the host enqueues the replay.
+replay a buffer four times the L2 is read, so the timed code finds none of its
+data in L2 and reads its weights from HBM, as a serving engine does when it
+steps through many layers. Each replay is bracketed by its own events; the
+flush runs before the start event and keeps the GPU busy while the host
+enqueues the replay.
+
+The flush reads; it does not write. A zero fill (the flush of every run before
+session 14, ``FLUSH = "zero"``) leaves L2 full of dirty lines,
+which the timed kernels' reads then evict, writing them back to HBM while they
+read: work of the flush's, billed to the timed code. On an H200 it made a
+one-launch read of 29 MB take 14.2 us, not 11.2, and the wide models' M=1
+layers 1.11-1.29x as long, while prefill layers moved by at most 3%
+(results/h200-session14/flush-ab.jsonl).
 
 Paths that synchronize with the host (the torch reference) use
 ``time_eager``; the Triton interpreter on the CPU uses ``time_wallclock``, and
@@ -21,9 +30,24 @@ from dataclasses import dataclass
 
 import torch
 
-GRAPH = "cuda-graph replay, L2 flushed before each replay, median"
-EAGER = "eager launches, per-call CUDA events, L2 flushed, median"
+from moebench.kernels.stream import read_all
+
+# How L2 is emptied before each timed call: "read" (a buffer 4x the L2 read through), or "zero" (the same
+# buffer zero-filled, as runs before session 14 did; kept to compare with them).
+FLUSH = "read"
 WALLCLOCK = "cpu wall clock under the Triton interpreter (correctness only, not GPU performance)"
+
+
+def graph_method() -> str:
+    """The timing method of ``time_graph`` as rows and run metadata name it."""
+    return f"cuda-graph replay, L2 emptied before each replay ({_FLUSH_TEXT[FLUSH]}), median"
+
+
+def eager_method() -> str:
+    return f"eager launches, per-call CUDA events, L2 emptied ({_FLUSH_TEXT[FLUSH]}), median"
+
+
+_FLUSH_TEXT = {"read": "a read of 4x its size", "zero": "a zero fill of 4x its size"}
 
 
 @dataclass(frozen=True)
@@ -41,9 +65,24 @@ class Timing:
         return cls(statistics.median(s), q[0], q[3], len(s), method)
 
 
-def _flush_buffer(device: torch.device) -> torch.Tensor:
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size
-    return torch.empty(max(256 << 20, 4 * l2), dtype=torch.uint8, device=device)
+class L2Flush:
+    """Empties L2 as ``FLUSH`` says when called: reads ``buf`` through (its sums into ``partial``), or zeroes it."""
+
+    def __init__(self, nbytes: int, programs: int, device: torch.device | str) -> None:
+        self.buf = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)  # [nbytes / 2], filled once
+        self.partial = torch.empty(programs, dtype=torch.float32, device=device) if FLUSH == "read" else None
+
+    def __call__(self) -> None:
+        if self.partial is None:
+            self.buf.zero_()
+        else:
+            read_all(self.buf, self.partial)
+
+
+def _device_flush(device: torch.device) -> L2Flush:
+    """An ``L2Flush`` of 4x the device's L2 (at least 256 MiB), 8 programs per SM reading it."""
+    props = torch.cuda.get_device_properties(device)
+    return L2Flush(max(256 << 20, 4 * props.L2_cache_size), 8 * props.multi_processor_count, device)
 
 
 def _reps_for(estimate_us: float, budget_s: float, lo: int, hi: int) -> int:
@@ -62,7 +101,7 @@ def time_graph(fn: Callable[[], None], *, budget_s: float = 0.3, min_reps: int =
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return _time_replays(graph.replay, budget_s, min_reps, max_reps, GRAPH)
+    return _time_replays(graph.replay, budget_s, min_reps, max_reps, graph_method())
 
 
 def time_eager(fn: Callable[[], None], *, budget_s: float = 0.3, min_reps: int = 5, max_reps: int = 50,
@@ -70,17 +109,17 @@ def time_eager(fn: Callable[[], None], *, budget_s: float = 0.3, min_reps: int =
     """Median time of eager calls of ``fn`` (for closures that synchronize with the host)."""
     for _ in range(warmup):
         fn()
-    return _time_replays(fn, budget_s, min_reps, max_reps, EAGER)
+    return _time_replays(fn, budget_s, min_reps, max_reps, eager_method())
 
 
 def _time_replays(launch: Callable[[], None], budget_s: float, min_reps: int, max_reps: int,
                   method: str) -> Timing:
     device = torch.device("cuda", torch.cuda.current_device())
-    flush = _flush_buffer(device)
+    flush = _device_flush(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def once() -> float:
-        flush.zero_()
+        flush()
         start.record()
         launch()
         end.record()

@@ -11,6 +11,7 @@ from moebench.problem import Problem
 from moebench.results import load_run
 from moebench.runner import run_sweep
 from moebench.spec import Block, SweepSpec
+from moebench.tile import TileConfig
 from moebench.tuning import candidates
 
 
@@ -41,3 +42,16 @@ def test_a_tuned_sweep_on_a_gpu_compiles_its_candidates_in_workers(tmp_path):
     meta, df = load_run(run_sweep(spec, tmp_path, compile_jobs=2))
     assert meta["compile_jobs"] == 2 and "compile_jobs_stopped" not in meta
     assert len(df) == len(candidates(Problem(tiny, 1, "fp16"))) and (df["status"] == "ok").all()
+
+
+def test_pinned_configs_replace_the_candidates_at_the_points_they_name(tmp_path):
+    """A config pinned for (model, dtype, M) is the one row of that point, tuning or not; other points keep
+    the tuner's candidates."""
+    tiny = get_model("tiny")
+    pinned = TileConfig(16, 32, 32, 1, 4, 2, swap_ab=True, atomic_sum=False)
+    spec = SweepSpec("t", (Block((tiny,), (1, 3), ("fp16",), ("triton",)),), tune=True)
+    _, df = load_run(run_sweep(spec, tmp_path, configs={(tiny.name, "fp16", 3): pinned}))
+    at3, at1 = df[df["M"] == 3], df[df["M"] == 1]
+    assert len(at3) == 1 and TileConfig.from_dict(at3["config"].item()) == pinned
+    assert (at3["status"] == "ok").all() and at3["correct"].all()
+    assert len(at1) == len(candidates(Problem(tiny, 1, "fp16")))

@@ -1,0 +1,28 @@
+"""The timer's L2 flush: by default it reads its whole buffer and writes none of it."""
+
+import pytest
+import torch
+
+from moebench import timing
+from moebench._interpret import interpreting
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_triton = pytest.mark.skipif(DEVICE == "cpu" and not interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")
+
+
+@needs_triton
+def test_read_flush_reads_every_element_and_writes_none():
+    flush = timing.L2Flush(2 * 3000, programs=3, device=DEVICE)  # 3000 elements: not a multiple of the block
+    flush()
+    # The partial sums of ones count the elements read; the buffer is left as it was (clean lines in L2).
+    assert flush.partial.sum().item() == 3000
+    assert torch.all(flush.buf == 1)
+    assert "a read" in timing.graph_method()
+
+
+def test_zero_flush_is_the_earlier_fill(monkeypatch):
+    monkeypatch.setattr(timing, "FLUSH", "zero")
+    flush = timing.L2Flush(64, programs=1, device="cpu")
+    flush()
+    assert flush.partial is None and torch.all(flush.buf == 0) and flush.buf.numel() == 32
+    assert "zero fill" in timing.graph_method()
