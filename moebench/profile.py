@@ -1,7 +1,8 @@
 """Where the time of one MoE layer goes: GPU time per kernel, from the PyTorch profiler.
 
-The layer runs eagerly (not in a graph) ``reps`` times, with the L2 flushed
-before each run as the timer does; the flush kernel is left out of the table.
+The layer runs eagerly (not in a graph) ``reps`` times, with L2 emptied before
+each run by the timer's read flush (``moebench.timing.L2Flush``); the flush
+kernel is left out of the table.
 Kernel times are GPU time, so launch gaps are not counted: compare their sum
 with the sweep's graph-replay time to see what the gaps cost.
 """
@@ -15,8 +16,9 @@ from moebench.errors import UserError
 from moebench.paths import Target, get_path
 from moebench.problem import Problem, make_inputs
 from moebench.tile import TileConfig
+from moebench.timing import device_flush
 
-_FLUSH_OP = "bitwise_not"  # the flush kernel's name, unlike any kernel of the layer
+_FLUSH_OP = "_read_all"  # the flush kernel's name, unlike any kernel of the layer
 
 
 def kernel_breakdown(problem: Problem, path_name: str = "triton", config: TileConfig | None = None,
@@ -32,13 +34,13 @@ def kernel_breakdown(problem: Problem, path_name: str = "triton", config: TileCo
         config = path.default_config(problem)
     run = path.prepare(inputs, problem, config)
     out = torch.empty(problem.M, problem.shape.hidden, device="cuda", dtype=problem.spec.act)
-    flush = torch.empty(4 * torch.cuda.get_device_properties(0).L2_cache_size, dtype=torch.uint8, device="cuda")
+    flush = device_flush(torch.device("cuda", torch.cuda.current_device()), mode="read")
     for _ in range(3):  # compile and warm up outside the profile
         run(out)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            flush.bitwise_not_()
+            flush()
             run(out)
         torch.cuda.synchronize()
     rows = []

@@ -8,12 +8,12 @@ steps through many layers. Each replay is bracketed by its own events; the
 flush runs before the start event and keeps the GPU busy while the host
 enqueues the replay.
 
-The flush reads; it does not write. A zero fill (the flush of every run before
-session 14, ``FLUSH = "zero"``) leaves L2 full of dirty lines,
-which the timed kernels' reads then evict, writing them back to HBM while they
-read: work of the flush's, billed to the timed code. On an H200 it made a
-one-launch read of 29 MB take 14.2 us, not 11.2, and the wide models' M=1
-layers 1.11-1.29x as long, while prefill layers moved by at most 3%
+The flush reads; it does not write. A zero fill (the flush of every run
+before session 14, ``FLUSH = "zero"``) leaves L2 full of dirty lines, which
+the timed kernels' reads then evict, writing them back to HBM while they read:
+work of the flush's, billed to the timed code. On an H200 it made a one-launch
+read of 29 MB take 14.2 us, not 11.2, and the wide models' M=1 layers
+1.11-1.29x as long, while prefill layers moved by at most 3%
 (results/h200-session14/flush-ab.jsonl).
 
 Paths that synchronize with the host (the torch reference) use
@@ -35,6 +35,7 @@ from moebench.kernels.stream import read_all
 # How L2 is emptied before each timed call: "read" (a buffer 4x the L2 read through), or "zero" (the same
 # buffer zero-filled, as runs before session 14 did; kept to compare with them).
 FLUSH = "read"
+_FLUSH_TEXT = {"read": "a read of 4x its size", "zero": "a zero fill of 4x its size"}
 WALLCLOCK = "cpu wall clock under the Triton interpreter (correctness only, not GPU performance)"
 
 
@@ -44,10 +45,8 @@ def graph_method() -> str:
 
 
 def eager_method() -> str:
+    """The timing method of ``time_eager`` as rows name it."""
     return f"eager launches, per-call CUDA events, L2 emptied ({_FLUSH_TEXT[FLUSH]}), median"
-
-
-_FLUSH_TEXT = {"read": "a read of 4x its size", "zero": "a zero fill of 4x its size"}
 
 
 @dataclass(frozen=True)
@@ -66,11 +65,13 @@ class Timing:
 
 
 class L2Flush:
-    """Empties L2 as ``FLUSH`` says when called: reads ``buf`` through (its sums into ``partial``), or zeroes it."""
+    """Empties L2 when called, as ``mode`` says ("read" or "zero"; ``FLUSH`` if not given): reads ``buf``
+    through (its sums into ``partial``), or zero-fills it."""
 
-    def __init__(self, nbytes: int, programs: int, device: torch.device | str) -> None:
+    def __init__(self, nbytes: int, programs: int, device: torch.device | str, mode: str | None = None) -> None:
         self.buf = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)  # [nbytes / 2], filled once
-        self.partial = torch.empty(programs, dtype=torch.float32, device=device) if FLUSH == "read" else None
+        read = (mode or FLUSH) == "read"
+        self.partial = torch.empty(programs, dtype=torch.float32, device=device) if read else None  # [programs]
 
     def __call__(self) -> None:
         if self.partial is None:
@@ -79,10 +80,10 @@ class L2Flush:
             read_all(self.buf, self.partial)
 
 
-def _device_flush(device: torch.device) -> L2Flush:
+def device_flush(device: torch.device, mode: str | None = None) -> L2Flush:
     """An ``L2Flush`` of 4x the device's L2 (at least 256 MiB), 8 programs per SM reading it."""
     props = torch.cuda.get_device_properties(device)
-    return L2Flush(max(256 << 20, 4 * props.L2_cache_size), 8 * props.multi_processor_count, device)
+    return L2Flush(max(256 << 20, 4 * props.L2_cache_size), 8 * props.multi_processor_count, device, mode)
 
 
 def _reps_for(estimate_us: float, budget_s: float, lo: int, hi: int) -> int:
@@ -115,7 +116,7 @@ def time_eager(fn: Callable[[], None], *, budget_s: float = 0.3, min_reps: int =
 def _time_replays(launch: Callable[[], None], budget_s: float, min_reps: int, max_reps: int,
                   method: str) -> Timing:
     device = torch.device("cuda", torch.cuda.current_device())
-    flush = _device_flush(device)
+    flush = device_flush(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def once() -> float:

@@ -26,3 +26,10 @@ def test_zero_flush_is_the_earlier_fill(monkeypatch):
     flush()
     assert flush.partial is None and torch.all(flush.buf == 0) and flush.buf.numel() == 32
     assert "zero fill" in timing.graph_method()
+
+
+def test_a_flush_named_by_mode_ignores_the_default():
+    assert timing.FLUSH == "read"
+    flush = timing.L2Flush(64, programs=1, device="cpu", mode="zero")
+    flush()
+    assert flush.partial is None and torch.all(flush.buf == 0)
