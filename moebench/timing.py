@@ -91,8 +91,9 @@ def _reps_for(estimate_us: float, budget_s: float, lo: int, hi: int) -> int:
 
 
 def time_graph(fn: Callable[[], None], *, budget_s: float = 0.3, min_reps: int = 20, max_reps: int = 200,
-               warmup: int = 3) -> Timing:
-    """Median time of one replay of ``fn`` captured in a CUDA graph, with a cold L2."""
+               warmup: int = 3, flush: Callable[[], None] | None = None) -> Timing:
+    """Median time of one replay of ``fn`` captured in a CUDA graph, with a cold L2 (``flush`` empties it
+    before each replay: the device's ``L2Flush`` if not given)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -102,7 +103,7 @@ def time_graph(fn: Callable[[], None], *, budget_s: float = 0.3, min_reps: int =
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return _time_replays(graph.replay, budget_s, min_reps, max_reps, graph_method())
+    return _time_replays(graph.replay, budget_s, min_reps, max_reps, graph_method(), flush)
 
 
 def time_eager(fn: Callable[[], None], *, budget_s: float = 0.3, min_reps: int = 5, max_reps: int = 50,
@@ -114,9 +115,8 @@ def time_eager(fn: Callable[[], None], *, budget_s: float = 0.3, min_reps: int =
 
 
 def _time_replays(launch: Callable[[], None], budget_s: float, min_reps: int, max_reps: int,
-                  method: str) -> Timing:
-    device = torch.device("cuda", torch.cuda.current_device())
-    flush = device_flush(device)
+                  method: str, flush: Callable[[], None] | None = None) -> Timing:
+    flush = flush or device_flush(torch.device("cuda", torch.cuda.current_device()))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def once() -> float:

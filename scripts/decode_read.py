@@ -23,8 +23,8 @@ import torch
 from moebench.kernels.stream import _read_rows, read_all
 from moebench.roofline import measure_ceilings
 from moebench.timing import time_graph
+from moebench.tuning import SMS
 
-SMS = 132
 # (label, rows, row bytes): the 8 routed experts' weights of one GEMM.
 READS = [
     ("deepseek-v3@tp8 fp8 gemm1", 8 * 512, 7168),

@@ -7,7 +7,9 @@ timed kernels' reads must evict, writing them back to HBM while they read. Varia
 - ``read``: only the read.
 Timed: one-launch reads of the decode GEMMs' weight bytes (``scripts/decode_read.py``'s fastest kernels of
 its H200 run) and the layer at the benchmark's best configs (``_points.REPORT_RUNS``) of the wide models'
-M=1 points and a few larger ones, each layer checked against the float32 reference first.
+M=1 points and a few larger ones, each layer checked against the float32 reference first. Each variant is
+timed by ``moebench.timing.time_graph`` with its flush, 60 replays (the committed rows were made by this
+script's form of commit 5535446, which copied the timer's loop, 60 replays too).
 
     PYTHONPATH=$PWD python3 scripts/flush_ab.py > $OUT/flush-ab.jsonl
 """
@@ -15,63 +17,35 @@ M=1 points and a few larger ones, each layer checked against the float32 referen
 import json
 from functools import partial as partial_fn
 
+import decode_read
 import torch
 from _points import REPORT_RUNS, best_rows, checked_error, layer, point_setup
 
 import moebench.kernels.fused_moe as kernels
 from moebench.kernels.stream import _read_rows, read_all
 from moebench.tile import TileConfig
-from moebench.timing import Timing
+from moebench.timing import L2Flush, time_graph
 
 POINTS = [("deepseek-v3@tp8", "fp8-block128", 1), ("qwen3-30b-a3b", "fp8-block128", 1), ("qwen3-30b-a3b", "bf16", 1),
           ("deepseek-v3@tp8", "fp8-block128", 4), ("qwen3-30b-a3b", "fp8-block128", 4), ("mixtral-8x7b", "bf16", 1),
           ("qwen3-30b-a3b", "bf16", 64), ("qwen3-30b-a3b", "fp8-block128", 4096)]
-READS = [("deepseek-v3@tp8 fp8 gemm1", 8 * 512, 7168), ("deepseek-v3@tp8 fp8 both", 8 * 512 + 8 * 256, 7168),
-         ("qwen3 bf16 gemm1", 8 * 1536, 4096)]
+READS = [r for r in decode_read.READS if r[0] in ("deepseek-v3@tp8 fp8 gemm1", "deepseek-v3@tp8 fp8 both",
+                                                 "qwen3 bf16 gemm1")]
 
 
 def flushes():
-    """name -> a callable that empties L2 as that variant does."""
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    n = max(256 << 20, 4 * l2)
-    dirty = torch.empty(n, dtype=torch.uint8, device="cuda")
-    clean = torch.ones(n // 2, dtype=torch.bfloat16, device="cuda")
-    partial = torch.empty(132 * 8, dtype=torch.float32, device="cuda")
-    return {
-        "zero": lambda: dirty.zero_(),
-        "zero_read": lambda: (dirty.zero_(), read_all(clean, partial)),
-        "read": lambda: read_all(clean, partial),
-    }
-
-
-def time_with(fn, flush, reps=60) -> Timing:
-    """moebench.timing.time_graph's method with ``flush`` in place of its zeroing."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(reps):
-        flush()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return Timing.from_samples(samples, "flush a/b")
+    """name -> a callable that empties L2 as that variant does (two ``L2Flush`` buffers of 4x the L2)."""
+    props = torch.cuda.get_device_properties(0)
+    n, programs = max(256 << 20, 4 * props.L2_cache_size), 8 * props.multi_processor_count
+    zero, read = (L2Flush(n, programs, "cuda", mode) for mode in ("zero", "read"))
+    return {"zero": zero, "zero_read": lambda: (zero(), read()), "read": read}
 
 
 def ab(label: str, fn, fl: dict, extra: dict) -> None:
     row = dict(timed=label, **extra)
     for _ in range(2):  # interleaved twice, the faster median kept
         for name, flush in fl.items():
-            t = round(time_with(fn, flush).median_us, 2)
+            t = round(time_graph(fn, min_reps=60, max_reps=60, flush=flush).median_us, 2)
             row[name] = min(t, row.get(name, t))
     print(json.dumps(row), flush=True)
 

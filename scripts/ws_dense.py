@@ -5,7 +5,9 @@ without scales, and fp8 with 128x128 block scales on B and 1x128 group scales on
 step, as moebench's fp8-block128 GEMMs do). Each form with ``warp_specialize`` on the K loop and without,
 and torch's own GEMM (``torch.matmul`` / ``torch._scaled_mm``) at the same shape. The shapes are the
 expert GEMMs of the prefill points with all slots of all experts stacked (an upper bound for the MoE
-kernels, which gather rows). Each row is checked against a float32 product first.
+kernels, which gather rows). Each row is checked against a float32 product first, then timed by
+``moebench.timing.time_graph``, 20 replays; the committed rows (results/h200-session14) were timed by this
+script's own copy of that loop, whose flush was a zero fill.
 
     PYTHONPATH=$PWD python3 scripts/ws_dense.py --out $OUT/ws-dense.jsonl
 
@@ -26,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from moebench.timing import time_graph
 
 # (label, M, N, K): Qwen3 GEMM1 / GEMM2 and DeepSeek-V3@tp8 GEMM1 / GEMM2 at M=4096 (32768 slots).
 SHAPES = [
@@ -84,26 +88,6 @@ def run_dense(a, b, a_s, b_s, tile, ws, scaled, poison=False):
                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SCALED=scaled, WS=ws,
                  num_warps=warps, num_stages=stages)
     return c
-
-
-def graph_time_us(fn, reps=20):
-    """Median of CUDA-graph replays, L2 flushed before each (moebench.timing's method, inlined)."""
-    flush = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) * 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def inputs(M, N, K, form, seed=0):
@@ -189,7 +173,7 @@ def main():
             a, b, a_s, b_s, ref = inputs(M, N, K, form)
             flops = 2 * M * N * K
             if form != "block128" and not args.no_torch:
-                t = graph_time_us(torch_fn(a, b, form))
+                t = time_graph(torch_fn(a, b, form), min_reps=20, max_reps=20).median_us
                 rows.append(dict(shape=label, form=form, kernel="torch", time_us=t, tflops=flops / t / 1e6))
                 if sink:
                     sink.write(json.dumps(rows[-1]) + "\n")
@@ -205,7 +189,7 @@ def main():
                         err = ((c.float() - ref).norm() / ref.norm()).item()
                         if not err < 2e-2:
                             raise RuntimeError(f"relative error {err:.3g}")
-                        t = graph_time_us(launch)
+                        t = time_graph(launch, min_reps=20, max_reps=20).median_us
                         row.update(time_us=t, tflops=flops / t / 1e6, pct_peak=flops / t / 1e6 / (peak[form] / 1e12))
                     except Exception as e:  # noqa: BLE001 - a tile that fails is a row with its error
                         row.update(error=str(e).strip().splitlines()[-1][:200])
