@@ -45,9 +45,6 @@ class TileConfig:
     gemm2_split_k: int = 1  # GEMM2 programs per output tile, each over a share of K; needs atomic_sum (moebench only)
     atomic_out: bool = False  # atomic_sum adds into the output's own dtype (bf16), no float32 buffer (moebench only)
     gemm2_columns_first: bool = False  # GEMM2 runs every row tile of a column chunk before the next (moebench only)
-    # With direct_route, who asks L2 for GEMM2's weights ahead of its loads: 0 none, 1 GEMM2's programs before
-    # they wait for GEMM1, 2 GEMM1's programs after their K loop, 3 before it (moebench only)
-    gemm2_prefetch: int = 0
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -75,10 +72,6 @@ class TileConfig:
                             "(atomic_sum), one column tile per program (gemm2_n_tiles=1)")
         if self.atomic_out and not self.atomic_sum:
             raise UserError("tile config: atomic_out is a form of atomic_sum (set both)")
-        if self.gemm2_prefetch not in (0, 1, 2, 3):
-            raise UserError(f"tile config: gemm2_prefetch={self.gemm2_prefetch} must be 0, 1, 2 or 3")
-        if self.gemm2_prefetch and not self.direct_route:
-            raise UserError("tile config: gemm2_prefetch needs direct_route (a tile per slot)")
         if self.gemm1_tma and self.gemm1_merged:
             raise UserError("tile config: gemm1_tma is for GEMM1 as a gate and an up MMA (not gemm1_merged)")
 

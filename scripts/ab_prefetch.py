@@ -8,6 +8,10 @@ GEMM1's programs before their K loop. Each variant checked against the float32 r
 timed twice interleaved (CUDA-graph replay, L2 flushed by the timer's read, median us), the faster kept.
 
     PYTHONPATH=$PWD python3 scripts/ab_prefetch.py > rows.jsonl
+
+It ran (results/h200-session15/ab-prefetch.jsonl) on the tree of commit a523f92, which had the tile-config field
+``gemm2_prefetch``; every form lost at 6 of the 8 points, so the next commit removed the field and this
+script no longer runs as it is.
 """
 
 import json

@@ -268,15 +268,12 @@ def test_direct_route_matches_reference(case, dtype):
 
 @pytest.mark.skipif(not GPU, reason="CUDA graphs and programmatic dependent launch need a GPU")
 @pytest.mark.parametrize("dtype", ["bf16", "fp8-block128", "fp8-tensor"])
-@pytest.mark.parametrize("variant", [{"split_k": 2}, {"atomic_sum": False}, {"gemm2_prefetch": 1},
-                                     {"gemm2_prefetch": 1, "split_k": 2, "gemm2_n_tiles": 2},
-                                     {"gemm2_prefetch": 2, "split_k": 2}, {"gemm2_prefetch": 3}])
+@pytest.mark.parametrize("variant", [{"split_k": 2}, {"atomic_sum": False}])
 def test_direct_route_replayed_from_a_cuda_graph_matches_reference(dtype, variant):
     """With a tile per slot, every Triton launch of the layer (activation quantization, the GEMMs, the
     split-K activation, the top-k sum) is a programmatic dependent on sm90: each program may start before
     the previous launch ends and waits for it before reading its output. Replayed from a CUDA graph with
-    fresh activations and routing each time, the layer still matches the reference at every replay.
-    With ``gemm2_prefetch`` the GEMM it names holds the bulk L2 prefetch (GEMM2's before its wait)."""
+    fresh activations and routing each time, the layer still matches the reference at every replay."""
     from moebench.kernels.fused_moe import fused_moe
     from moebench.routing import route
 
@@ -294,12 +291,6 @@ def test_direct_route_replayed_from_a_cuda_graph_matches_reference(dtype, varian
     run(compiled)
     if torch.cuda.get_device_capability()[0] >= 9:
         assert all(k.metadata.launch_pdl for k in compiled)
-        prefetches = [k.asm["ptx"].count("cp.async.bulk.prefetch.L2") for k in compiled]  # [GEMM1, GEMM2]
-        where = {0: [0, 0], 1: [0, 1], 2: [1, 0], 3: [1, 0]}[cfg.gemm2_prefetch]
-        assert [min(n, 1) for n in prefetches] == where, prefetches
-        if cfg.gemm2_prefetch == 1:  # asked for before GEMM2 waits for the launches before it
-            ptx = compiled[1].asm["ptx"]
-            assert ptx.index("cp.async.bulk.prefetch.L2") < ptx.index("griddepcontrol.wait")
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -397,16 +388,6 @@ def test_block128_x_quantized_in_gemm1_gives_the_same_bits(config, hidden, monke
         assert ((3, hidden) in calls) != quant_x  # x quantized by a launch only without the field
     assert torch.isfinite(outs[0]).all()
     assert torch.equal(outs[0], outs[1])
-
-
-def test_gemm2_prefetch_is_refused_without_direct_route_or_out_of_range():
-    """``gemm2_prefetch`` names who asks L2 for GEMM2's weights with a tile per slot: 0-3, direct_route only."""
-    with pytest.raises(UserError, match="direct_route"):
-        TileConfig(16, 64, 128, gemm2_prefetch=1)
-    with pytest.raises(UserError, match="0, 1, 2 or 3"):
-        TileConfig(16, 64, 128, direct_route=True, gemm2_prefetch=4)
-    assert TileConfig.from_dict({**TileConfig(16, 64, 128, direct_route=True).as_dict(), "gemm2_prefetch": 2}) \
-        .gemm2_prefetch == 2
 
 
 def test_gemm1_quant_x_is_refused_off_block128_and_without_direct_route():

@@ -293,7 +293,7 @@ def _k_share(k_steps, SPLIT_K: tl.constexpr):
 
 @triton.jit
 def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M: tl.constexpr,
-                DIRECT: tl.constexpr, PDL: tl.constexpr, WAIT_DIRECT: tl.constexpr = True):
+                DIRECT: tl.constexpr, PDL: tl.constexpr):
     """The row tile's slot ids [BLOCK_M], its expert, and whether it lies within the used length.
 
     The three loads are independent, so they are in flight together. The used length was loaded
@@ -306,16 +306,14 @@ def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots
 
     ``PDL`` (a dependent launch, ``kernels/pdl.py``): the align's output comes from earlier launches, so
     the program waits before loading it; ``topk_ids`` is an input of the layer, so with ``DIRECT`` the
-    expert is loaded first and the program waits after (or, without ``WAIT_DIRECT``, the caller waits
-    once it has asked L2 for its weights). Every program waits either way.
+    expert is loaded first and the program waits after. Every program waits either way.
     """
     dependent.start(PDL, WAIT=not DIRECT)
     if DIRECT:
         valid = pid_m < num_slots
         slot = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_slots)  # [BLOCK_M]; one real row
         expert = tl.load(expert_ids_ptr + pid_m, mask=valid, other=0).to(tl.int64)
-        if WAIT_DIRECT:
-            dependent.wait(PDL)
+        dependent.wait(PDL)
     else:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         slot = tl.load(sorted_ids_ptr + offs_m)  # [BLOCK_M]; within the grid's bound, so never past the end
@@ -372,22 +370,13 @@ def _gemm1_swiglu(
     zero_ptr,  # ZERO: GEMM2's atomic top-k sums [M, hidden] (the output, or float32), contiguous
     zero_numel,  # ZERO: M * hidden
     ZERO: tl.constexpr,  # every program zeroes its share of zero_ptr, for GEMM2 to add into
-    w2_ptr,  # PREFETCH 2, 3: GEMM2's weights [E, hidden, N], contiguous
-    stride_w2e,
-    PREFETCH: tl.constexpr,  # gemm2_prefetch; 2 / 3: this program asks L2 for a share of its expert's w2
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
                                       DIRECT, PDL)
     if ZERO:  # after _tile_slots' wait: an earlier launch may still be writing the sums' memory
         _zero_share(zero_ptr, zero_numel)
-    # PREFETCH 2, 3 (a tile per slot): the slot's programs share its expert's w2 out between them.
-    w2_share = pid_n * SPLIT_K + tl.program_id(0) % SPLIT_K
-    w2_shares = tl.cdiv(N, BLOCK_N) * SPLIT_K
-    w2_bytes = stride_w2e * (w2_ptr.dtype.element_ty.primitive_bitwidth // 8)
     if valid:
-        if PREFETCH == PREFETCH_GEMM1_START:
-            _prefetch_share(w2_ptr + expert * stride_w2e, w2_bytes, w2_share, w2_shares)
         row_ok = slot < num_slots
         tok = tl.where(row_ok, slot // TOPK, 0).to(tl.int64)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -430,8 +419,6 @@ def _gemm1_swiglu(
             gu_ptrs = h_ptr + split * stride_split + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
             tl.store(gu_ptrs, acc_g, mask=mask)
             tl.store(gu_ptrs + N, acc_u, mask=mask)
-        if PREFETCH == PREFETCH_GEMM1_END:
-            _prefetch_share(w2_ptr + expert * stride_w2e, w2_bytes, w2_share, w2_shares)
 
 
 # Elements per store of GEMM1's zeroing of the sums (``_zero_share``): 2 KB of bf16, 4 KB of float32.
@@ -457,45 +444,6 @@ def _zero_share(ptr, numel):
     if tl.program_id(0) == 0:
         offs = full.to(tl.int64) * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
         tl.store(ptr + offs, zeros, mask=offs < numel)
-
-
-# ``gemm2_prefetch``: where GEMM2's weights are asked of L2 ahead of GEMM2's loads (a tile per slot only).
-PREFETCH_GEMM2_EARLY, PREFETCH_GEMM1_END, PREFETCH_GEMM1_START = (tl.constexpr(v) for v in (1, 2, 3))
-PREFETCH_LANES = tl.constexpr(128)  # bulk prefetches per GEMM1 program (one per thread of a 4-warp program)
-
-
-@triton.jit
-def _prefetch_l2(ptrs, nbytes):
-    """Ask L2 for ``nbytes`` bytes from each pointer of ``ptrs`` (same shape, int32; none where <= 0): one bulk
-    prefetch by the TMA unit each (``cp.async.bulk.prefetch.L2``, sm90), not one instruction per cache line.
-    Addresses and sizes must be multiples of 16 bytes. Nothing waits for it; it changes no result."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_share(base_ptr, total_bytes, share, num_shares):
-    """Ask L2 for share ``share`` of ``num_shares`` of the ``total_bytes`` bytes from ``base_ptr``, as
-    PREFETCH_LANES bulk prefetches of a 16-byte multiple each."""
-    chunk = tl.cdiv(tl.cdiv(total_bytes, num_shares * PREFETCH_LANES), 16) * 16
-    offs = (share * PREFETCH_LANES + tl.arange(0, PREFETCH_LANES)).to(tl.int64) * chunk  # [LANES] bytes
-    nbytes = tl.minimum(total_bytes - offs, chunk).to(tl.int32)
-    _prefetch_l2(base_ptr.to(tl.pointer_type(tl.int8)) + offs, nbytes)
-
-
-@triton.jit
-def _gemm2_prefetch_tile(w_ptr, expert, n_first, k_first, k_last, N, K, stride_we, stride_wn,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, N_TILES: tl.constexpr):
-    """Ask L2 for a GEMM2 program's weights: its columns' rows of the expert's w2 over its K steps, one bulk
-    prefetch per row."""
-    elt: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-    k_lo = k_first * BLOCK_K
-    row_bytes = (tl.minimum(k_last * BLOCK_K, K) - k_lo) * elt
-    for j in tl.static_range(N_TILES):
-        rows = n_first + j * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-        ptrs = w_ptr + expert * stride_we + rows.to(tl.int64) * stride_wn + k_lo
-        _prefetch_l2(ptrs, tl.where(rows < N, row_bytes, 0).to(tl.int32))
 
 
 @triton.jit
@@ -670,19 +618,11 @@ def _gemm2_combine(
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0
     EVEN_N: tl.constexpr,  # N % (BLOCK_N * N_TILES) == 0: every program's column tiles lie within N
     COLUMNS_FIRST: tl.constexpr,  # every row tile of a column chunk before the next (gemm2_columns_first)
-    PREFETCH: tl.constexpr,  # gemm2_prefetch; 1 (DIRECT): ask L2 for this program's weights, then wait
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N * N_TILES, GROUP_M,
                                 COLUMNS_FIRST)
-    early = PREFETCH == PREFETCH_GEMM2_EARLY
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
-                                      DIRECT, PDL, WAIT_DIRECT=not early)
-    if early:  # the weights are an input: asked for while the launch before still runs
-        if valid:
-            k_first, k_last = _k_share(tl.cdiv(K, BLOCK_K), SPLIT_K)
-            _gemm2_prefetch_tile(w_ptr, expert, pid_n * N_TILES * BLOCK_N, k_first, k_last, N, K, stride_we,
-                                 stride_wn, BLOCK_N, BLOCK_K, N_TILES)
-        dependent.wait(PDL)
+                                      DIRECT, PDL)
     if valid:
         row_ok = slot < num_slots
         slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
@@ -800,12 +740,6 @@ def _weight_descriptor(w13: torch.Tensor, cfg: TileConfig) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(w13.view(E * two_i, H), [cfg.BLOCK_SIZE_N, cfg.BLOCK_SIZE_K])
 
 
-def _bulk_prefetchable(w2: torch.Tensor) -> bool:
-    """Whether w2's expert matrices and rows can be asked of L2 by bulk prefetches (``gemm2_prefetch``): w2
-    contiguous, its rows and start a multiple of 16 bytes."""
-    return w2.is_contiguous() and w2.shape[2] * w2.element_size() % 16 == 0 and w2.data_ptr() % 16 == 0
-
-
 def _launch_args(cfg: TileConfig) -> dict:
     return dict(
         BLOCK_M=cfg.BLOCK_SIZE_M,
@@ -857,8 +791,6 @@ def fused_moe(
     assert quant == QUANT_BLOCK or not config.gemm1_quant_x, "gemm1_quant_x is for fp8-block128"
     per_tensor = fp8_scheme == "tensor"
     pdl = config.direct_route and dependent.has_pdl(x.device)
-    # Prefetching is a hint: it changes no result, and the interpreter, which has no inline PTX, skips it.
-    prefetch = 0 if interpreting() or not _bulk_prefetchable(w2) else config.gemm2_prefetch
     launch = dict(QUANT=quant, TOPK=topk, **_launch_args(config), **dependent.launch_kwargs(pdl))
 
     static = act_scale is not None
@@ -910,8 +842,7 @@ def fused_moe(
         GROUP_OUT=group_out, ROUND_FIRST=interpreting(), X_QUANT=x_quant, zero_ptr=acc if zero else None,
         zero_numel=acc.numel() if zero else 0, ZERO=zero,
         EVEN_K=H % config.BLOCK_SIZE_K == 0, EVEN_N=I % config.BLOCK_SIZE_N == 0,
-        w_desc=_weight_descriptor(w13, config) if config.gemm1_tma else None, TMA_W=config.gemm1_tma,
-        w2_ptr=w2, stride_w2e=w2.stride(0), PREFETCH=prefetch if prefetch != PREFETCH_GEMM2_EARLY else 0, **launch,
+        w_desc=_weight_descriptor(w13, config) if config.gemm1_tma else None, TMA_W=config.gemm1_tma, **launch,
     )
     if split > 1 and T:
         _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0), stride_split, SPLIT_K=split,
@@ -935,7 +866,7 @@ def fused_moe(
         *_scale_strides(a2_scale, 2, per_tensor), *_scale_strides(w2_scale, 3),
         ATOMIC_SUM=config.atomic_sum, N_TILES=config.gemm2_n_tiles, SPLIT_K=split2, EVEN_K=I % config.BLOCK_SIZE_K == 0,
         EVEN_N=H % (config.block_n2 * config.gemm2_n_tiles) == 0, COLUMNS_FIRST=config.gemm2_columns_first,
-        PREFETCH=prefetch if prefetch == PREFETCH_GEMM2_EARLY else 0, **{**launch, "BLOCK_N": config.block_n2},
+        **{**launch, "BLOCK_N": config.block_n2},
     )
     if config.atomic_sum:
         if not config.atomic_out:
