@@ -140,6 +140,8 @@ def _short_config(c: dict) -> str:
         text += " tma"
     if c.get("gemm2_columns_first"):
         text += " cols-first"
+    if c.get("gemm2_preload"):
+        text += " preload"
     return text
 
 

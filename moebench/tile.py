@@ -45,6 +45,7 @@ class TileConfig:
     gemm2_split_k: int = 1  # GEMM2 programs per output tile, each over a share of K; needs atomic_sum (moebench only)
     atomic_out: bool = False  # atomic_sum adds into the output's own dtype (bf16), no float32 buffer (moebench only)
     gemm2_columns_first: bool = False  # GEMM2 runs every row tile of a column chunk before the next (moebench only)
+    gemm2_preload: bool = False  # direct_route: GEMM2 reads 2 K steps of weights before GEMM1 ends (moebench only)
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -72,6 +73,8 @@ class TileConfig:
                             "(atomic_sum), one column tile per program (gemm2_n_tiles=1)")
         if self.atomic_out and not self.atomic_sum:
             raise UserError("tile config: atomic_out is a form of atomic_sum (set both)")
+        if self.gemm2_preload and not (self.direct_route and self.gemm2_n_tiles == 1):
+            raise UserError("tile config: gemm2_preload needs direct_route and one GEMM2 column tile per program")
         if self.gemm1_tma and self.gemm1_merged:
             raise UserError("tile config: gemm1_tma is for GEMM1 as a gate and an up MMA (not gemm1_merged)")
 

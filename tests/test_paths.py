@@ -266,9 +266,37 @@ def test_direct_route_matches_reference(case, dtype):
         assert result.correct, f"{config}: rel. error {result.rel_err}"
 
 
+@pytest.mark.parametrize("dtype", ["fp16", "fp8-channel", "fp8-block128"] + (["bf16"] if GPU else []))
+def test_gemm2_preload_matches_reference(dtype):
+    """GEMM2 with its first two K steps' weights read before it waits (``gemm2_preload``): one, two and five
+    K steps, a K tail, GEMM2 split-K (a split of one step, and of none), plain and Swap-AB."""
+    block = dtype == "fp8-block128"
+    e, h, i, k, m = (16, 128, 320, 4, 3) if block else (16, 160, 80, 4, 3)  # GEMM2's K = I
+    problem = Problem(_shape(e, h, i, k), m, dtype, seed=21)
+    inputs = make_inputs(problem, DEVICE, draw=1)
+    path = get_path("triton")
+    base = TileConfig(16, 32, 128 if block else 16, 1, 4, 2, direct_route=True, gemm2_preload=True)
+    configs = [base, replace(base, swap_ab=True), replace(base, gemm2_split_k=4)]  # block128: 3 steps, 2.5 full
+    if not block:
+        configs += [replace(base, BLOCK_SIZE_K=32), replace(base, BLOCK_SIZE_K=64, swap_ab=True),  # 3 and 2 steps
+                    replace(base, BLOCK_SIZE_K=128, gemm2_split_k=2)]  # one step: the second split has none
+    for config in configs:
+        result = check_point(path, problem, inputs, config)
+        assert result.correct, f"{config}: rel. error {result.rel_err}"
+
+
+def test_gemm2_preload_needs_direct_route_and_one_column_tile():
+    """``gemm2_preload`` is a form of the tile per slot, for GEMM2 programs of one column tile."""
+    with pytest.raises(UserError, match="gemm2_preload"):
+        TileConfig(16, 64, 128, gemm2_preload=True)
+    with pytest.raises(UserError, match="gemm2_preload"):
+        TileConfig(16, 64, 128, direct_route=True, gemm2_n_tiles=2, gemm2_preload=True)
+
+
 @pytest.mark.skipif(not GPU, reason="CUDA graphs and programmatic dependent launch need a GPU")
 @pytest.mark.parametrize("dtype", ["bf16", "fp8-block128", "fp8-tensor"])
-@pytest.mark.parametrize("variant", [{"split_k": 2}, {"atomic_sum": False}])
+@pytest.mark.parametrize("variant", [{"split_k": 2}, {"atomic_sum": False}, {"gemm2_preload": True},
+                                     {"gemm2_preload": True, "split_k": 2, "gemm2_split_k": 2}])
 def test_direct_route_replayed_from_a_cuda_graph_matches_reference(dtype, variant):
     """With a tile per slot, every Triton launch of the layer (activation quantization, the GEMMs, the
     split-K activation, the top-k sum) is a programmatic dependent on sm90: each program may start before

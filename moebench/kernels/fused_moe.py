@@ -293,7 +293,7 @@ def _k_share(k_steps, SPLIT_K: tl.constexpr):
 
 @triton.jit
 def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M: tl.constexpr,
-                DIRECT: tl.constexpr, PDL: tl.constexpr):
+                DIRECT: tl.constexpr, PDL: tl.constexpr, WAIT_DIRECT: tl.constexpr = True):
     """The row tile's slot ids [BLOCK_M], its expert, and whether it lies within the used length.
 
     The three loads are independent, so they are in flight together. The used length was loaded
@@ -306,14 +306,16 @@ def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots
 
     ``PDL`` (a dependent launch, ``kernels/pdl.py``): the align's output comes from earlier launches, so
     the program waits before loading it; ``topk_ids`` is an input of the layer, so with ``DIRECT`` the
-    expert is loaded first and the program waits after. Every program waits either way.
+    expert is loaded first and the program waits after (without ``WAIT_DIRECT`` the caller waits, once it
+    has loaded what else it may read early). Every program waits either way.
     """
     dependent.start(PDL, WAIT=not DIRECT)
     if DIRECT:
         valid = pid_m < num_slots
         slot = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_slots)  # [BLOCK_M]; one real row
         expert = tl.load(expert_ids_ptr + pid_m, mask=valid, other=0).to(tl.int64)
-        dependent.wait(PDL)
+        if WAIT_DIRECT:
+            dependent.wait(PDL)
     else:
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         slot = tl.load(sorted_ids_ptr + offs_m)  # [BLOCK_M]; within the grid's bound, so never past the end
@@ -618,12 +620,18 @@ def _gemm2_combine(
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0
     EVEN_N: tl.constexpr,  # N % (BLOCK_N * N_TILES) == 0: every program's column tiles lie within N
     COLUMNS_FIRST: tl.constexpr,  # every row tile of a column chunk before the next (gemm2_columns_first)
+    PRELOAD: tl.constexpr,  # DIRECT, N_TILES == 1: the first two K steps' weights loaded before the wait
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N * N_TILES, GROUP_M,
                                 COLUMNS_FIRST)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
-                                      DIRECT, PDL)
-    if valid:
+                                      DIRECT, PDL, WAIT_DIRECT=not PRELOAD)
+    if PRELOAD:
+        _gemm2_tile_preloaded(h_ptr, w_ptr, out_ptr, h_scale_ptr, w_scale_ptr, topk_weights_ptr, slot, expert, valid,
+                              pid_n, num_slots, N, K, stride_hm, stride_we, stride_wn, stride_om, stride_hsm,
+                              stride_hsk, stride_wse, stride_wsn, stride_wsk, TOPK, BLOCK_M, BLOCK_N, BLOCK_K,
+                              SWAP_AB, QUANT, ATOMIC_SUM, SPLIT_K, PDL, EVEN_K, EVEN_N)
+    elif valid:
         row_ok = slot < num_slots
         slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
         n_first = pid_n * N_TILES * BLOCK_N
@@ -666,6 +674,47 @@ def _gemm2_combine(
 
 
 @triton.jit
+def _gemm2_tile_preloaded(h_ptr, w_ptr, out_ptr, h_scale_ptr, w_scale_ptr, topk_weights_ptr, slot, expert, valid,
+                          pid_n, num_slots, N, K, stride_hm, stride_we, stride_wn, stride_om, stride_hsm, stride_hsk,
+                          stride_wse, stride_wsn, stride_wsk, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr,
+                          ATOMIC_SUM: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr, EVEN_K: tl.constexpr,
+                          EVEN_N: tl.constexpr):
+    """One GEMM2 column tile of a tile per slot (``gemm2_preload``): the weight tiles of its first two K steps
+    are read into registers before the program waits for the launch before it (they are an input of the
+    layer), so with programmatic dependent launch they are read while that launch ends; then the K steps and
+    the epilogue as in ``_gemm2_combine``. Every program waits, valid or not."""
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    k_first, k_last = _k_share(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    b_ptrs = w_ptr + expert * stride_we + _grid(offs_k + k_first * BLOCK_K, offs_n * stride_wn, SWAP_AB)
+    b0 = _gemm2_load_b(b_ptrs, k_first, offs_k, offs_n, K, N, valid & (k_first < k_last), BLOCK_K, SWAP_AB)
+    b1 = _gemm2_load_b(b_ptrs + BLOCK_K, k_first + 1, offs_k, offs_n, K, N, valid & (k_first + 1 < k_last),
+                       BLOCK_K, SWAP_AB)
+    dependent.wait(PDL)
+    if valid:
+        row_ok = slot < num_slots
+        slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
+        a_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_k + k_first * BLOCK_K, SWAP_AB)
+        acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+        n_first = pid_n * BLOCK_N
+        n_ok = offs_n < N
+        for i in tl.static_range(2):
+            if k_first + i < k_last:
+                a = _load_a(a_ptrs + i * BLOCK_K, row_ok, offs_k < K - (k_first + i) * BLOCK_K, EVEN_K, SWAP_AB)
+                acc = _gemm2_mma(acc, a, b1 if i else b0, k_first + i, n_first, offs_n, n_ok, slot_safe, expert,
+                                 h_scale_ptr, w_scale_ptr, stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk,
+                                 BLOCK_N, SWAP_AB, QUANT, EVEN_N)
+        for k in range(k_first + 2, k_last):
+            acc = _gemm2_step(acc, a_ptrs + (k - k_first) * BLOCK_K, b_ptrs + (k - k_first) * BLOCK_K, k, offs_k,
+                              n_first, offs_n, row_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr, K, N, stride_hsm,
+                              stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT,
+                              EVEN_K, EVEN_N)
+        _gemm2_epilogue(acc, slot_safe, row_ok, offs_n, expert, out_ptr, topk_weights_ptr, h_scale_ptr, w_scale_ptr,
+                        N, stride_om, stride_hsm, stride_wse, stride_wsn, TOPK, BLOCK_N, SWAP_AB, QUANT, ATOMIC_SUM)
+
+
+@triton.jit
 def _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr,
                 K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, EVEN_K: tl.constexpr,
@@ -676,6 +725,23 @@ def _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_sa
     n_ok = offs_n < N
     a = _load_a(a_ptrs, row_ok, k_ok, EVEN_K, SWAP_AB)
     b = _load(b_ptrs, _grid_and(k_ok, n_ok, SWAP_AB), EVEN_K and EVEN_N)
+    return _gemm2_mma(acc, a, b, k, n_first, offs_n, n_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr,
+                      stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_N, SWAP_AB, QUANT, EVEN_N)
+
+
+@triton.jit
+def _gemm2_load_b(b_ptrs, k, offs_k, offs_n, K, N, ok, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr):
+    """K step ``k``'s weight tile, masked, all zeros (nothing read) where ``ok`` is false: for
+    ``gemm2_preload``, read before the program waits."""
+    k_end = tl.where(ok, K, 0)  # the scalar folded into the K bound, not and-ed into the mask
+    return tl.load(b_ptrs, mask=_grid_and(offs_k < k_end - k * BLOCK_K, offs_n < N, SWAP_AB), other=0.0)
+
+
+@triton.jit
+def _gemm2_mma(acc, a, b, k, n_first, offs_n, n_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr, stride_hsm,
+               stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr,
+               QUANT: tl.constexpr, EVEN_N: tl.constexpr):
+    """acc plus K step ``k`` of one column tile from its loaded operand tiles (``_gemm2_step``)."""
     if QUANT == 2:
         hs = tl.load(h_scale_ptr + slot_safe * stride_hsm + k * stride_hsk)  # [BM]
         ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
@@ -866,7 +932,7 @@ def fused_moe(
         *_scale_strides(a2_scale, 2, per_tensor), *_scale_strides(w2_scale, 3),
         ATOMIC_SUM=config.atomic_sum, N_TILES=config.gemm2_n_tiles, SPLIT_K=split2, EVEN_K=I % config.BLOCK_SIZE_K == 0,
         EVEN_N=H % (config.block_n2 * config.gemm2_n_tiles) == 0, COLUMNS_FIRST=config.gemm2_columns_first,
-        **{**launch, "BLOCK_N": config.block_n2},
+        PRELOAD=config.gemm2_preload, **{**launch, "BLOCK_N": config.block_n2},
     )
     if config.atomic_sum:
         if not config.atomic_out:
