@@ -105,7 +105,8 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
     tiles, or 4 at decode, where GEMM2 has at most two K steps (4 at prefill with up to 8), x GEMM1 as one
     merged MMA per K step for 8-warp tiles, x GEMM1 quantizing x itself with a tile per slot at
     fp8-block128, x GEMM1 reading its weights by TMA at fp8 with the align step, x GEMM2 taking its column
-    chunks one after another where the atomic sum is larger than L2), fitted to shared memory."""
+    chunks one after another where the atomic sum is larger than L2, x GEMM2 reading weights before it waits
+    with a tile per slot at fp8), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
     # A tile per slot reads an expert's weights once per slot routed to it, so only where few slots share
@@ -145,7 +146,19 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
                 for form in gemm2_forms:
                     quant_x = replace(form, gemm1_quant_x=True)
                     out.setdefault(quant_x.key(), quant_x)
+    for c in [c for c in out.values() if _tries_preload(c, spec)]:
+        preload = replace(c, gemm2_preload=True)
+        out.setdefault(preload.key(), preload)
     return list(out.values())
+
+
+def _tries_preload(cfg: TileConfig, spec: DtypeSpec) -> bool:
+    """Whether to try GEMM2 reading its first two K steps' weights before it waits for GEMM1
+    (``gemm2_preload``; a tile per slot, one column tile per program). On an H200 at each tile-per-slot
+    point's best config (results/h200-session15/ab-preload.jsonl) it took 0.91x the time at DeepSeek-V3@tp8
+    fp8-block128 M=1 (22.0 to 20.1 us) and 0.99-1.0x at Qwen3 fp8-block128 M = 1 and 4; at bf16 (Qwen3 M = 1
+    and 4) 1.05-1.09x, where the two tiles held in registers are twice the bytes; at Mixtral M=1 even."""
+    return spec.is_fp8 and cfg.direct_route and cfg.gemm2_n_tiles == 1
 
 
 def _sum_forms(spec: DtypeSpec) -> tuple[tuple[bool, bool], ...]:

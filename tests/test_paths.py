@@ -271,15 +271,15 @@ def test_gemm2_preload_matches_reference(dtype):
     """GEMM2 with its first two K steps' weights read before it waits (``gemm2_preload``): one, two and five
     K steps, a K tail, GEMM2 split-K (a split of one step, and of none), plain and Swap-AB."""
     block = dtype == "fp8-block128"
-    e, h, i, k, m = (16, 128, 320, 4, 3) if block else (16, 160, 80, 4, 3)  # GEMM2's K = I
+    e, h, i, k, m = (16, 128, 320, 4, 3) if block else (16, 160, 160, 4, 3)  # GEMM2's K = I
     problem = Problem(_shape(e, h, i, k), m, dtype, seed=21)
     inputs = make_inputs(problem, DEVICE, draw=1)
     path = get_path("triton")
-    base = TileConfig(16, 32, 128 if block else 16, 1, 4, 2, direct_route=True, gemm2_preload=True)
-    configs = [base, replace(base, swap_ab=True), replace(base, gemm2_split_k=4)]  # block128: 3 steps, 2.5 full
-    if not block:
-        configs += [replace(base, BLOCK_SIZE_K=32), replace(base, BLOCK_SIZE_K=64, swap_ab=True),  # 3 and 2 steps
-                    replace(base, BLOCK_SIZE_K=128, gemm2_split_k=2)]  # one step: the second split has none
+    base = TileConfig(16, 32, 128 if block else 32, 1, 4, 2, direct_route=True, gemm2_preload=True)
+    # block128: 3 steps, the last half full; else 5 steps of 32 (4 splits of 2, 2, 1 and none)
+    configs = [base, replace(base, swap_ab=True), replace(base, gemm2_split_k=4)]
+    if not block:  # 3 steps, the last half full; 2 steps, the second a quarter
+        configs += [replace(base, BLOCK_SIZE_K=64, swap_ab=True), replace(base, BLOCK_SIZE_K=128)]
     for config in configs:
         result = check_point(path, problem, inputs, config)
         assert result.correct, f"{config}: rel. error {result.rel_err}"

@@ -206,3 +206,16 @@ def test_gemm2_columns_first_tried_where_the_atomic_sum_is_larger_than_l2(monkey
         c.key() for c in cands if c.atomic_sum and not c.gemm2_columns_first}
     for model, m in ((get_model("qwen3-30b-a3b"), 4096), (ds, 1)):
         assert not any(c.gemm2_columns_first for c in candidates(Problem(model, m, "fp8-block128")))
+
+
+def test_gemm2_preload_tried_with_a_tile_per_slot_at_fp8_only():
+    """GEMM2 reading weights before it waits is tried beside every fp8 tile-per-slot candidate of one GEMM2
+    column tile per program, and nowhere else (not at bf16, not with the align step)."""
+    ds = shard(get_model("deepseek-v3"), tp=8)
+    cands = candidates(Problem(ds, 1, "fp8-block128"))
+    tried = [c for c in cands if c.gemm2_preload]
+    assert tried and {replace(c, gemm2_preload=False).key() for c in tried} == {
+        c.key() for c in cands if c.direct_route and c.gemm2_n_tiles == 1 and not c.gemm2_preload}
+    assert not any(c.gemm2_preload for c in candidates(Problem(ds, 1024, "fp8-block128")))
+    assert not any(c.gemm2_preload for c in candidates(Problem(get_model("qwen3-30b-a3b"), 1, "bf16")))
+    assert any(c.gemm2_preload for c in candidates(Problem(get_model("mixtral-8x7b"), 1, "fp8-tensor")))
