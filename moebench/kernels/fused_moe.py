@@ -115,6 +115,16 @@ activation (the only place the fused epilogue is given up). Stored partials need
 zeroing launch and no atomics, and sum in a fixed order. For fp8-block128 that
 launch also writes GEMM2's fp8 input and group scales, so h needs no quantization launch.
 
+**GEMM2's first weights before its wait** (``gemm2_preload``, with a tile per slot and one column tile per
+GEMM2 program): a GEMM2 program reads its expert from ``topk_ids`` and the weight tiles of its first two K steps
+into registers, and only then waits for the launch before it, so with the dependent launch those reads run
+while GEMM1 (or the split-K activation) ends. On an H200 at each tile-per-slot point's best config
+(``results/h200-session15/ab-preload.jsonl``) the layer took 0.91x the time at DeepSeek-V3@tp8 fp8-block128 M=1
+(22.0 to 20.1 us: GEMM2's K is two steps, all of its weights read early), 0.99-1.0x at Qwen3 fp8-block128 M = 1
+and 4, 1.05-1.09x at Qwen3 bf16, whose two tiles are twice the registers, and even at Mixtral; the tuner tries
+it at fp8. Asking L2 for those weights instead (``cp.async.bulk.prefetch.L2``, by GEMM2 before its wait or by
+GEMM1) made 6 of these 8 points 5-15% slower (``ab-prefetch.jsonl``, same folder).
+
 **GEMM2 split-K** (``gemm2_split_k``, with an atomic top-k sum): GEMM2's programs share a tile's K steps
 and each adds its partial product into the output by the atomic sum, which adds the top-k slots anyway
 (the routed weight scales each share alike), so no launch follows. Where GEMM2's grid is a fraction of
