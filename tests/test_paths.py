@@ -268,8 +268,8 @@ def test_direct_route_matches_reference(case, dtype):
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp8-channel", "fp8-block128"] + (["bf16"] if GPU else []))
 def test_gemm2_preload_matches_reference(dtype):
-    """GEMM2 with its first two K steps' weights read before it waits (``gemm2_preload``): one, two and five
-    K steps, a K tail, GEMM2 split-K (a split of one step, and of none), plain and Swap-AB."""
+    """GEMM2 with its first two K steps' weights read before it waits (``gemm2_preload``): two, three and five
+    K steps, with and without a K tail, GEMM2 split-K (splits of two, one and no steps), plain and Swap-AB."""
     block = dtype == "fp8-block128"
     e, h, i, k, m = (16, 128, 320, 4, 3) if block else (16, 160, 160, 4, 3)  # GEMM2's K = I
     problem = Problem(_shape(e, h, i, k), m, dtype, seed=21)
