@@ -636,12 +636,11 @@ def _gemm2_combine(
                                 COLUMNS_FIRST)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
                                       DIRECT, PDL, WAIT_DIRECT=not PRELOAD)
-    if PRELOAD:
-        _gemm2_tile_preloaded(h_ptr, w_ptr, out_ptr, h_scale_ptr, w_scale_ptr, topk_weights_ptr, slot, expert, valid,
-                              pid_n, num_slots, N, K, stride_hm, stride_we, stride_wn, stride_om, stride_hsm,
-                              stride_hsk, stride_wse, stride_wsn, stride_wsk, TOPK, BLOCK_M, BLOCK_N, BLOCK_K,
-                              SWAP_AB, QUANT, ATOMIC_SUM, SPLIT_K, PDL, EVEN_K, EVEN_N)
-    elif valid:
+    if PRELOAD:  # the first two K steps' weights, an input of the layer, read while the launch before ends
+        b0, b1 = _gemm2_preload(w_ptr, expert, valid, pid_n, N, K, stride_we, stride_wn, BLOCK_N, BLOCK_K, SWAP_AB,
+                                SPLIT_K)
+        dependent.wait(PDL)  # every program waits, valid or not
+    if valid:
         row_ok = slot < num_slots
         slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
         n_first = pid_n * N_TILES * BLOCK_N
@@ -658,6 +657,17 @@ def _gemm2_combine(
             k_first, k_last = _k_share(k_steps, SPLIT_K)
             a_ptrs += k_first * BLOCK_K
             b_ptrs += k_first * BLOCK_K
+            if PRELOAD:  # its first two steps with the weights read before the wait
+                for i in tl.static_range(2):
+                    if k_first + i < k_last:
+                        a = _load_a(a_ptrs + i * BLOCK_K, row_ok, offs_k < K - (k_first + i) * BLOCK_K, EVEN_K,
+                                    SWAP_AB)
+                        acc = _gemm2_mma(acc, a, b1 if i else b0, k_first + i, n_first, offs_n, offs_n < N, slot_safe,
+                                         expert, h_scale_ptr, w_scale_ptr, stride_hsm, stride_hsk, stride_wse,
+                                         stride_wsn, stride_wsk, BLOCK_N, SWAP_AB, QUANT, EVEN_N)
+                k_first += 2
+                a_ptrs += 2 * BLOCK_K
+                b_ptrs += 2 * BLOCK_K
             for k in range(k_first, k_last):
                 acc = _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_safe, expert,
                                   h_scale_ptr, w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn,
@@ -684,16 +694,11 @@ def _gemm2_combine(
 
 
 @triton.jit
-def _gemm2_tile_preloaded(h_ptr, w_ptr, out_ptr, h_scale_ptr, w_scale_ptr, topk_weights_ptr, slot, expert, valid,
-                          pid_n, num_slots, N, K, stride_hm, stride_we, stride_wn, stride_om, stride_hsm, stride_hsk,
-                          stride_wse, stride_wsn, stride_wsk, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr,
-                          ATOMIC_SUM: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr, EVEN_K: tl.constexpr,
-                          EVEN_N: tl.constexpr):
-    """One GEMM2 column tile of a tile per slot (``gemm2_preload``): the weight tiles of its first two K steps
-    are read into registers before the program waits for the launch before it (they are an input of the
-    layer), so with programmatic dependent launch they are read while that launch ends; then the K steps and
-    the epilogue as in ``_gemm2_combine``. Every program waits, valid or not."""
+def _gemm2_preload(w_ptr, expert, valid, pid_n, N, K, stride_we, stride_wn, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, SPLIT_K: tl.constexpr):
+    """``gemm2_preload`` (a tile per slot, one column tile per program): the weight tiles of the program's
+    first two K steps, read before it waits for the launch before it; zeros (nothing read) for a step past
+    its share or a program past the slots."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     k_first, k_last = _k_share(tl.cdiv(K, BLOCK_K), SPLIT_K)
@@ -701,27 +706,7 @@ def _gemm2_tile_preloaded(h_ptr, w_ptr, out_ptr, h_scale_ptr, w_scale_ptr, topk_
     b0 = _gemm2_load_b(b_ptrs, k_first, offs_k, offs_n, K, N, valid & (k_first < k_last), BLOCK_K, SWAP_AB)
     b1 = _gemm2_load_b(b_ptrs + BLOCK_K, k_first + 1, offs_k, offs_n, K, N, valid & (k_first + 1 < k_last),
                        BLOCK_K, SWAP_AB)
-    dependent.wait(PDL)
-    if valid:
-        row_ok = slot < num_slots
-        slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
-        a_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_k + k_first * BLOCK_K, SWAP_AB)
-        acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-        n_first = pid_n * BLOCK_N
-        n_ok = offs_n < N
-        for i in tl.static_range(2):
-            if k_first + i < k_last:
-                a = _load_a(a_ptrs + i * BLOCK_K, row_ok, offs_k < K - (k_first + i) * BLOCK_K, EVEN_K, SWAP_AB)
-                acc = _gemm2_mma(acc, a, b1 if i else b0, k_first + i, n_first, offs_n, n_ok, slot_safe, expert,
-                                 h_scale_ptr, w_scale_ptr, stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk,
-                                 BLOCK_N, SWAP_AB, QUANT, EVEN_N)
-        for k in range(k_first + 2, k_last):
-            acc = _gemm2_step(acc, a_ptrs + (k - k_first) * BLOCK_K, b_ptrs + (k - k_first) * BLOCK_K, k, offs_k,
-                              n_first, offs_n, row_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr, K, N, stride_hsm,
-                              stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT,
-                              EVEN_K, EVEN_N)
-        _gemm2_epilogue(acc, slot_safe, row_ok, offs_n, expert, out_ptr, topk_weights_ptr, h_scale_ptr, w_scale_ptr,
-                        N, stride_om, stride_hsm, stride_wse, stride_wsn, TOPK, BLOCK_N, SWAP_AB, QUANT, ATOMIC_SUM)
+    return b0, b1
 
 
 @triton.jit
