@@ -42,8 +42,8 @@ for cfg, problem, inp, ref, out, row in prefill_first(best, max(lo, 256), hi):
     E, topk = problem.shape.experts, problem.shape.topk
     bal = replace(inp, topk_ids=balanced_ids(problem.M, E, topk, inp.x.device))
     bal_ref = moe_reference(bal.x, bal.weights, bal.topk_weights, bal.topk_ids).float()
-    row["pad"] = {"seed": round(padded_over_real(inp.topk_ids, E, cfg.block_m), 3),
-                  "balanced": round(padded_over_real(bal.topk_ids, E, cfg.block_m), 3)}
+    row["pad"] = {"seed": round(padded_over_real(inp.topk_ids, E, cfg.BLOCK_SIZE_M), 3),
+                  "balanced": round(padded_over_real(bal.topk_ids, E, cfg.BLOCK_SIZE_M), 3)}
     row = check_then_time(row, {"seed": (kernels, cfg)}, inp, out, ref, problem.spec.rtol)
     row = check_then_time(row, {"balanced": (kernels, cfg)}, bal, out, bal_ref, problem.spec.rtol)
     row = check_then_time(row, {"seed": (kernels, cfg)}, inp, out, ref, problem.spec.rtol)  # the faster kept
