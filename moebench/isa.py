@@ -46,7 +46,8 @@ def matrix_instructions(problem: Problem, configs: list[TileConfig]) -> list[dic
                    "BLOCK_N": cfg.BLOCK_SIZE_N, "BLOCK_K": cfg.BLOCK_SIZE_K, "warps": cfg.num_warps,
                    "gemm1_merged": cfg.gemm1_merged, "gemm1_quant_x": cfg.gemm1_quant_x, "gemm1_tma": cfg.gemm1_tma,
                    "gemm2_split_k": cfg.gemm2_split_k, "atomic_out": cfg.atomic_out,
-                   "gemm2_columns_first": cfg.gemm2_columns_first, "gemm2_preload": cfg.gemm2_preload}
+                   "gemm2_columns_first": cfg.gemm2_columns_first, "gemm2_preload": cfg.gemm2_preload,
+                   "tail_tiles": cfg.tail_tiles}
             row.update({f"{kind}:{op}": _count(k, kind, op) for kind, op in OPS})
             row.update(regs=getattr(k, "n_regs", None), spills=getattr(k, "n_spills", None))
             rows.append(row)

@@ -142,6 +142,8 @@ def _short_config(c: dict) -> str:
         text += " cols-first"
     if c.get("gemm2_preload"):
         text += " preload"
+    if c.get("tail_tiles"):
+        text += f" tail{c['tail_tiles']}"
     return text
 
 

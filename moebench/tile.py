@@ -46,6 +46,7 @@ class TileConfig:
     atomic_out: bool = False  # atomic_sum adds into the output's own dtype (bf16), no float32 buffer (moebench only)
     gemm2_columns_first: bool = False  # GEMM2 runs every row tile of a column chunk before the next (moebench only)
     gemm2_preload: bool = False  # direct_route: GEMM2 reads 2 K steps of weights before GEMM1 ends (moebench only)
+    tail_tiles: int = 0  # an expert's last row tile runs at BLOCK_M >> i rows, i <= this, where it fits (moebench only)
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -75,6 +76,11 @@ class TileConfig:
             raise UserError("tile config: atomic_out is a form of atomic_sum (set both)")
         if self.gemm2_preload and not (self.direct_route and self.gemm2_n_tiles == 1):
             raise UserError("tile config: gemm2_preload needs direct_route and one GEMM2 column tile per program")
+        if not 0 <= self.tail_tiles <= 2 or (self.tail_tiles and self.BLOCK_SIZE_M >> self.tail_tiles < 16):
+            raise UserError(f"tile config: tail_tiles={self.tail_tiles} must be 0, 1 or 2, with BLOCK_SIZE_M >> "
+                            "tail_tiles >= 16")
+        if self.tail_tiles and self.direct_route:
+            raise UserError("tile config: tail_tiles is for tiles of the align step's slots (not direct_route)")
         if self.gemm1_tma and self.gemm1_merged:
             raise UserError("tile config: gemm1_tma is for GEMM1 as a gate and an up MMA (not gemm1_merged)")
 
@@ -98,7 +104,8 @@ class TileConfig:
                 and self.gemm2_block_n in (0, self.BLOCK_SIZE_N)
                 and self.gemm2_n_tiles == 1 and not self.gemm1_merged
                 and not self.gemm1_tma and not self.atomic_out
-                and self.gemm2_split_k == 1 and not self.gemm2_columns_first)  # gemm1_quant_x implies direct_route
+                and self.gemm2_split_k == 1 and not self.gemm2_columns_first
+                and not self.tail_tiles)  # gemm1_quant_x implies direct_route
 
     @property
     def block_n2(self) -> int:

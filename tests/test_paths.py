@@ -293,6 +293,45 @@ def test_gemm2_preload_needs_direct_route_and_one_column_tile():
         TileConfig(16, 64, 128, direct_route=True, gemm2_n_tiles=2, gemm2_preload=True)
 
 
+# Slots per expert for the tail-tile tests, at BLOCK_M = 64: tails of 10 (a quarter tile), 40 (full), 16 (a
+# quarter, exactly), none, 30 (a half) and 33 (full); 257 tokens at top-k = 1.
+TAIL_COUNTS = (74, 40, 16, 0, 30, 97)
+
+
+def _tail_inputs(problem: Problem):
+    """Inputs whose token i goes to the expert of ``TAIL_COUNTS`` in a fixed shuffled order (top-k = 1)."""
+    inputs = make_inputs(problem, DEVICE, draw=1)
+    ids = torch.repeat_interleave(torch.arange(len(TAIL_COUNTS)), torch.tensor(TAIL_COUNTS))
+    ids = ids[torch.randperm(ids.numel(), generator=torch.Generator().manual_seed(0))]
+    return replace(inputs, topk_ids=ids.to(torch.int32).view(-1, 1).to(DEVICE))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp8-channel", "fp8-block128"] + (["bf16"] if GPU else []))
+def test_tail_tiles_match_reference(dtype):
+    """An expert's last row tile at half or a quarter of BLOCK_M rows (``tail_tiles``): experts whose tails
+    take a quarter, a half and a whole tile, one with none, E = 6, hidden and I with a K and column tail;
+    plain and Swap-AB, the stored top-k sum, GEMM2 walking two column tiles, split-K and a merged GEMM1."""
+    block = dtype == "fp8-block128"
+    problem = Problem(_shape(len(TAIL_COUNTS), 320 if block else 160, 192 if block else 80, 1), sum(TAIL_COUNTS),
+                      dtype, seed=23)
+    inputs = _tail_inputs(problem)
+    base = TileConfig(64, 32, 128 if block else 32, 1, 4, 2, tail_tiles=2)
+    configs = [base, replace(base, tail_tiles=1, swap_ab=True), replace(base, swap_ab=True, atomic_sum=False),
+               replace(base, gemm2_n_tiles=2), replace(base, split_k=2), replace(base, gemm1_merged=True)]
+    for config in configs:
+        result = check_point(get_path("triton"), problem, inputs, config)
+        assert result.correct, f"{config}: rel. error {result.rel_err}"
+
+
+def test_tail_tiles_need_tiles_of_16_rows_and_the_align_step():
+    """``tail_tiles`` halves BLOCK_M once or twice, to no fewer than 16 rows, and is for the align's tiles."""
+    assert TileConfig(64, 64, 64, tail_tiles=2).tail_tiles == 2
+    for bad in (dict(BLOCK_SIZE_M=32, tail_tiles=2), dict(BLOCK_SIZE_M=16, tail_tiles=1),
+                dict(BLOCK_SIZE_M=128, tail_tiles=3), dict(BLOCK_SIZE_M=64, tail_tiles=1, direct_route=True)):
+        with pytest.raises(UserError, match="tail_tiles"):
+            TileConfig(BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, **bad)
+
+
 @pytest.mark.skipif(not GPU, reason="CUDA graphs and programmatic dependent launch need a GPU")
 @pytest.mark.parametrize("dtype", ["bf16", "fp8-block128", "fp8-tensor"])
 @pytest.mark.parametrize("variant", [{"split_k": 2}, {"atomic_sum": False}, {"gemm2_preload": True},

@@ -382,6 +382,7 @@ def _gemm1_swiglu(
     zero_ptr,  # ZERO: GEMM2's atomic top-k sums [M, hidden] (the output, or float32), contiguous
     zero_numel,  # ZERO: M * hidden
     ZERO: tl.constexpr,  # every program zeroes its share of zero_ptr, for GEMM2 to add into
+    TAIL: tl.constexpr,  # an expert's last row tile at BLOCK_M / 2 (or / 4 with 2) rows where its slots fit
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
@@ -389,48 +390,89 @@ def _gemm1_swiglu(
     if ZERO:  # after _tile_slots' wait: an earlier launch may still be writing the sums' memory
         _zero_share(zero_ptr, zero_numel)
     if valid:
-        row_ok = slot < num_slots
-        tok = tl.where(row_ok, slot // TOPK, 0).to(tl.int64)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
-        offs_k = tl.arange(0, BLOCK_K)
+        rows = _tile_rows(slot, num_slots, BLOCK_M, TAIL)
+        for i in tl.static_range(TAIL + 1):  # a path per tile height: BLOCK_M, then the tails'
+            if rows == BLOCK_M >> i:
+                _gemm1_tile(_head_slots(slot, sorted_ids_ptr, pid_m, BLOCK_M, BLOCK_M >> i), expert, pid_n, x_ptr,
+                            w_ptr, h_ptr, h_scale_ptr, x_scale_ptr, w_scale_ptr, num_slots, N, K, stride_xm, stride_we,
+                            stride_wn, stride_hm, stride_split, stride_hsm, stride_xsm, stride_xsk, stride_wse,
+                            stride_wsn, stride_wsk, w_desc, TOPK, BLOCK_M >> i, BLOCK_N, BLOCK_K, SWAP_AB, QUANT,
+                            SPLIT_K, MERGED, EVEN_K, EVEN_N, STATIC_OUT, GROUP_OUT, ROUND_FIRST, X_QUANT, TMA_W)
 
-        k_first, k_last = _k_share(tl.cdiv(K, BLOCK_K), SPLIT_K)  # this program's K steps
 
-        a_ptrs = x_ptr + _grid(tok * stride_xm, offs_k + k_first * BLOCK_K, SWAP_AB)  # [BM, BK] or [BK, BM]
-        w_ptr += expert * stride_we
-        if MERGED:
-            acc_g, acc_u = _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, pid_n,
-                                              offs_k, k_first, k_last, N, K, stride_wn, stride_xsm, stride_xsk,
-                                              stride_wse, stride_wsn, stride_wsk, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
-                                              QUANT, EVEN_K, EVEN_N, X_QUANT, ROUND_FIRST)
+@triton.jit
+def _tile_rows(slot, num_slots, BLOCK_M: tl.constexpr, TAIL: tl.constexpr):
+    """The rows a row tile runs at (``tail_tiles``): BLOCK_M, or BLOCK_M >> i for the largest i <= TAIL at
+    which its real slots (first in the tile: the align pads after them) fit. Without TAIL, BLOCK_M."""
+    rows = tl.full((), BLOCK_M, tl.int32)
+    if TAIL > 0:
+        real = tl.sum((slot < num_slots).to(tl.int32))
+        for i in tl.static_range(1, TAIL + 1):
+            rows = tl.where(real <= BLOCK_M >> i, BLOCK_M >> i, rows)
+    return rows
+
+
+@triton.jit
+def _head_slots(slot, sorted_ids_ptr, pid_m, BLOCK_M: tl.constexpr, ROWS: tl.constexpr):
+    """The first ROWS of row tile ``pid_m``'s slot ids ``slot`` [BLOCK_M], read again for a tail tile."""
+    if ROWS == BLOCK_M:
+        return slot
+    else:
+        return tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, ROWS))
+
+
+@triton.jit
+def _gemm1_tile(slot, expert, pid_n, x_ptr, w_ptr, h_ptr, h_scale_ptr, x_scale_ptr, w_scale_ptr, num_slots, N, K,
+                stride_xm, stride_we, stride_wn, stride_hm, stride_split, stride_hsm, stride_xsm, stride_xsk,
+                stride_wse, stride_wsn, stride_wsk, w_desc, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr,
+                SPLIT_K: tl.constexpr, MERGED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                STATIC_OUT: tl.constexpr, GROUP_OUT: tl.constexpr, ROUND_FIRST: tl.constexpr, X_QUANT: tl.constexpr,
+                TMA_W: tl.constexpr):
+    """One GEMM1 tile of the slots ``slot`` [BLOCK_M] of ``expert``, columns ``pid_n``: its K loop and epilogue
+    (the arguments are the kernel's)."""
+    row_ok = slot < num_slots
+    tok = tl.where(row_ok, slot // TOPK, 0).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_K)
+
+    k_first, k_last = _k_share(tl.cdiv(K, BLOCK_K), SPLIT_K)  # this program's K steps
+
+    a_ptrs = x_ptr + _grid(tok * stride_xm, offs_k + k_first * BLOCK_K, SWAP_AB)  # [BM, BK] or [BK, BM]
+    w_ptr += expert * stride_we
+    if MERGED:
+        acc_g, acc_u = _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, pid_n,
+                                          offs_k, k_first, k_last, N, K, stride_wn, stride_xsm, stride_xsk,
+                                          stride_wse, stride_wsn, stride_wsk, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
+                                          QUANT, EVEN_K, EVEN_N, X_QUANT, ROUND_FIRST)
+    else:
+        acc_g, acc_u = _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok,
+                                        pid_n * BLOCK_N, offs_n, n_ok, offs_k, k_first, k_last, N, K, stride_wn,
+                                        stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk, BLOCK_M,
+                                        BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N, X_QUANT,
+                                        ROUND_FIRST, w_desc, TMA_W)  # [BM, BN] or [BN, BM] each
+
+    slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
+    mask = _grid_and(row_ok, n_ok, SWAP_AB)
+    if SPLIT_K == 1:
+        h = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up
+        h_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
+        if STATIC_OUT:  # GEMM2's fp8 input, with no quantization launch
+            h = tl.minimum(tl.maximum(h / tl.load(h_scale_ptr), -448.0), 448.0)
+            tl.store(h_ptrs, to_fp8(h, h_ptr.dtype.element_ty, ROUND_FIRST), mask=mask)
+        elif GROUP_OUT:  # GEMM2's fp8-block128 input: each token row of the tile is one group
+            h = tl.where(mask, h, 0.0)  # columns past N (with TMA_W, read from other rows) out of the max
+            q, scale = quantize_groups_of(h, 0 if SWAP_AB else 1, h_ptr.dtype.element_ty, ROUND_FIRST)  # [BM]
+            tl.store(h_ptrs, q, mask=mask)
+            tl.store(h_scale_ptr + slot_safe * stride_hsm + pid_n, scale, mask=row_ok)
         else:
-            acc_g, acc_u = _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok,
-                                            pid_n * BLOCK_N, offs_n, n_ok, offs_k, k_first, k_last, N, K, stride_wn,
-                                            stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk, BLOCK_M,
-                                            BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N, X_QUANT,
-                                            ROUND_FIRST, w_desc, TMA_W)  # [BM, BN] or [BN, BM] each
-
-        slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
-        mask = _grid_and(row_ok, n_ok, SWAP_AB)
-        if SPLIT_K == 1:
-            h = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up
-            h_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
-            if STATIC_OUT:  # GEMM2's fp8 input, with no quantization launch
-                h = tl.minimum(tl.maximum(h / tl.load(h_scale_ptr), -448.0), 448.0)
-                tl.store(h_ptrs, to_fp8(h, h_ptr.dtype.element_ty, ROUND_FIRST), mask=mask)
-            elif GROUP_OUT:  # GEMM2's fp8-block128 input: each token row of the tile is one group
-                h = tl.where(mask, h, 0.0)  # columns past N (with TMA_W, read from other rows) out of the max
-                q, scale = quantize_groups_of(h, 0 if SWAP_AB else 1, h_ptr.dtype.element_ty, ROUND_FIRST)  # [BM]
-                tl.store(h_ptrs, q, mask=mask)
-                tl.store(h_scale_ptr + slot_safe * stride_hsm + pid_n, scale, mask=row_ok)
-            else:
-                tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask)
-        else:  # this split's partial sums; _swiglu adds the splits' and applies the activation
-            split = (tl.program_id(0) % SPLIT_K).to(tl.int64)
-            gu_ptrs = h_ptr + split * stride_split + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
-            tl.store(gu_ptrs, acc_g, mask=mask)
-            tl.store(gu_ptrs + N, acc_u, mask=mask)
+            tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask)
+    else:  # this split's partial sums; _swiglu adds the splits' and applies the activation
+        split = (tl.program_id(0) % SPLIT_K).to(tl.int64)
+        gu_ptrs = h_ptr + split * stride_split + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
+        tl.store(gu_ptrs, acc_g, mask=mask)
+        tl.store(gu_ptrs + N, acc_u, mask=mask)
 
 
 # Elements per store of GEMM1's zeroing of the sums (``_zero_share``): 2 KB of bf16, 4 KB of float32.
@@ -631,66 +673,87 @@ def _gemm2_combine(
     EVEN_N: tl.constexpr,  # N % (BLOCK_N * N_TILES) == 0: every program's column tiles lie within N
     COLUMNS_FIRST: tl.constexpr,  # every row tile of a column chunk before the next (gemm2_columns_first)
     PRELOAD: tl.constexpr,  # DIRECT, N_TILES == 1: the first two K steps' weights loaded before the wait
+    TAIL: tl.constexpr,  # as in _gemm1_swiglu
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N * N_TILES, GROUP_M,
                                 COLUMNS_FIRST)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
                                       DIRECT, PDL, WAIT_DIRECT=not PRELOAD)
+    b0, b1 = None, None
     if PRELOAD:  # the first two K steps' weights, an input of the layer, read while the launch before ends
         b0, b1 = _gemm2_preload(w_ptr, expert, valid, pid_n, N, K, stride_we, stride_wn, BLOCK_N, BLOCK_K, SWAP_AB,
                                 SPLIT_K)
         dependent.wait(PDL)  # every program waits, valid or not
     if valid:
-        row_ok = slot < num_slots
-        slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
-        n_first = pid_n * N_TILES * BLOCK_N
-        offs_n = n_first + tl.arange(0, BLOCK_N)  # the first column tile
-        offs_k = tl.arange(0, BLOCK_K)
+        rows = _tile_rows(slot, num_slots, BLOCK_M, TAIL)
+        for i in tl.static_range(TAIL + 1):  # a path per tile height, as in GEMM1
+            if rows == BLOCK_M >> i:
+                _gemm2_tile(_head_slots(slot, sorted_ids_ptr, pid_m, BLOCK_M, BLOCK_M >> i), expert, pid_n, b0, b1,
+                            h_ptr, w_ptr, out_ptr, h_scale_ptr, w_scale_ptr, topk_weights_ptr, num_slots, N, K,
+                            stride_hm, stride_we, stride_wn, stride_om, stride_hsm, stride_hsk, stride_wse, stride_wsn,
+                            stride_wsk, TOPK, BLOCK_M >> i, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, ATOMIC_SUM, N_TILES,
+                            SPLIT_K, EVEN_K, EVEN_N, PRELOAD)
 
-        a_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_k, SWAP_AB)
-        b_ptrs = w_ptr + expert * stride_we + _grid(offs_k, offs_n * stride_wn, SWAP_AB)
-        acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
-        k_steps = tl.cdiv(K, BLOCK_K)
-        if N_TILES == 1:
-            # This program's share of the K steps: with SPLIT_K > 1 one split's, whose partial sum the atomic
-            # epilogue adds like another slot's (the routed weight scales each share alike).
-            k_first, k_last = _k_share(k_steps, SPLIT_K)
-            a_ptrs += k_first * BLOCK_K
-            b_ptrs += k_first * BLOCK_K
-            if PRELOAD:  # its first two steps with the weights read before the wait
-                for i in tl.static_range(2):
-                    if k_first + i < k_last:
-                        a = _load_a(a_ptrs + i * BLOCK_K, row_ok, offs_k < K - (k_first + i) * BLOCK_K, EVEN_K,
-                                    SWAP_AB)
-                        acc = _gemm2_mma(acc, a, b1 if i else b0, k_first + i, n_first, offs_n, offs_n < N, slot_safe,
-                                         expert, h_scale_ptr, w_scale_ptr, stride_hsm, stride_hsk, stride_wse,
-                                         stride_wsn, stride_wsk, BLOCK_N, SWAP_AB, QUANT, EVEN_N)
-                k_first += 2
-                a_ptrs += 2 * BLOCK_K
-                b_ptrs += 2 * BLOCK_K
-            for k in range(k_first, k_last):
-                acc = _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_safe, expert,
-                                  h_scale_ptr, w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn,
-                                  stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N)
-                a_ptrs += BLOCK_K
-                b_ptrs += BLOCK_K
-            _gemm2_epilogue(acc, slot_safe, row_ok, offs_n, expert, out_ptr, topk_weights_ptr, h_scale_ptr,
-                            w_scale_ptr, N, stride_om, stride_hsm, stride_wse, stride_wsn, TOPK, BLOCK_N, SWAP_AB,
-                            QUANT, ATOMIC_SUM)
-        else:
-            # One loop over the column tiles x the K steps, so the loads run ahead across column tiles.
-            for t in range(0, N_TILES * k_steps):
-                j = t // k_steps
-                k = t - j * k_steps
-                acc = _gemm2_step(acc, a_ptrs + k * BLOCK_K, b_ptrs + (j * BLOCK_N * stride_wn + k * BLOCK_K), k,
-                                  offs_k, n_first + j * BLOCK_N, offs_n + j * BLOCK_N, row_ok, slot_safe, expert,
-                                  h_scale_ptr, w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn,
-                                  stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N)
-                if k == k_steps - 1:
-                    _gemm2_epilogue(acc, slot_safe, row_ok, offs_n + j * BLOCK_N, expert, out_ptr,
-                                    topk_weights_ptr, h_scale_ptr, w_scale_ptr, N, stride_om, stride_hsm, stride_wse,
-                                    stride_wsn, TOPK, BLOCK_N, SWAP_AB, QUANT, ATOMIC_SUM)
-                    acc = tl.zeros_like(acc)
+
+@triton.jit
+def _gemm2_tile(slot, expert, pid_n, b0, b1, h_ptr, w_ptr, out_ptr, h_scale_ptr, w_scale_ptr, topk_weights_ptr,
+                num_slots, N, K, stride_hm, stride_we, stride_wn, stride_om, stride_hsm, stride_hsk, stride_wse,
+                stride_wsn, stride_wsk, TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, ATOMIC_SUM: tl.constexpr,
+                N_TILES: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                PRELOAD: tl.constexpr):
+    """One GEMM2 program's tile of the slots ``slot`` [BLOCK_M] of ``expert``, column chunk ``pid_n``: its
+    K loop(s) and epilogue(s); ``b0``, ``b1`` the preloaded weights (PRELOAD). The arguments are the kernel's."""
+    row_ok = slot < num_slots
+    slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
+    n_first = pid_n * N_TILES * BLOCK_N
+    offs_n = n_first + tl.arange(0, BLOCK_N)  # the first column tile
+    offs_k = tl.arange(0, BLOCK_K)
+
+    a_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_k, SWAP_AB)
+    b_ptrs = w_ptr + expert * stride_we + _grid(offs_k, offs_n * stride_wn, SWAP_AB)
+    acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    if N_TILES == 1:
+        # This program's share of the K steps: with SPLIT_K > 1 one split's, whose partial sum the atomic
+        # epilogue adds like another slot's (the routed weight scales each share alike).
+        k_first, k_last = _k_share(k_steps, SPLIT_K)
+        a_ptrs += k_first * BLOCK_K
+        b_ptrs += k_first * BLOCK_K
+        if PRELOAD:  # its first two steps with the weights read before the wait
+            for i in tl.static_range(2):
+                if k_first + i < k_last:
+                    a = _load_a(a_ptrs + i * BLOCK_K, row_ok, offs_k < K - (k_first + i) * BLOCK_K, EVEN_K,
+                                SWAP_AB)
+                    acc = _gemm2_mma(acc, a, b1 if i else b0, k_first + i, n_first, offs_n, offs_n < N, slot_safe,
+                                     expert, h_scale_ptr, w_scale_ptr, stride_hsm, stride_hsk, stride_wse,
+                                     stride_wsn, stride_wsk, BLOCK_N, SWAP_AB, QUANT, EVEN_N)
+            k_first += 2
+            a_ptrs += 2 * BLOCK_K
+            b_ptrs += 2 * BLOCK_K
+        for k in range(k_first, k_last):
+            acc = _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_safe, expert,
+                              h_scale_ptr, w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn,
+                              stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+        _gemm2_epilogue(acc, slot_safe, row_ok, offs_n, expert, out_ptr, topk_weights_ptr, h_scale_ptr,
+                        w_scale_ptr, N, stride_om, stride_hsm, stride_wse, stride_wsn, TOPK, BLOCK_N, SWAP_AB,
+                        QUANT, ATOMIC_SUM)
+    else:
+        # One loop over the column tiles x the K steps, so the loads run ahead across column tiles.
+        for t in range(0, N_TILES * k_steps):
+            j = t // k_steps
+            k = t - j * k_steps
+            acc = _gemm2_step(acc, a_ptrs + k * BLOCK_K, b_ptrs + (j * BLOCK_N * stride_wn + k * BLOCK_K), k,
+                              offs_k, n_first + j * BLOCK_N, offs_n + j * BLOCK_N, row_ok, slot_safe, expert,
+                              h_scale_ptr, w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn,
+                              stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N)
+            if k == k_steps - 1:
+                _gemm2_epilogue(acc, slot_safe, row_ok, offs_n + j * BLOCK_N, expert, out_ptr,
+                                topk_weights_ptr, h_scale_ptr, w_scale_ptr, N, stride_om, stride_hsm, stride_wse,
+                                stride_wsn, TOPK, BLOCK_N, SWAP_AB, QUANT, ATOMIC_SUM)
+                acc = tl.zeros_like(acc)
 
 
 @triton.jit
@@ -809,6 +872,7 @@ def _launch_args(cfg: TileConfig) -> dict:
         GROUP_M=cfg.GROUP_SIZE_M,
         SWAP_AB=cfg.swap_ab,
         DIRECT=cfg.direct_route,
+        TAIL=cfg.tail_tiles,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
