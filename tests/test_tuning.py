@@ -219,3 +219,16 @@ def test_gemm2_preload_tried_with_a_tile_per_slot_at_fp8_only():
     assert not any(c.gemm2_preload for c in candidates(Problem(ds, 1024, "fp8-block128")))
     assert not any(c.gemm2_preload for c in candidates(Problem(get_model("qwen3-30b-a3b"), 1, "bf16")))
     assert any(c.gemm2_preload for c in candidates(Problem(get_model("mixtral-8x7b"), 1, "fp8-tensor")))
+
+
+def test_tail_tiles_tried_at_bf16_prefill_tiles_of_128_rows_only():
+    """Half-height tail tiles are tried beside every bf16 prefill candidate of 128 rows, and nowhere else (not
+    at fp8, not at 64-row tiles, not at decode)."""
+    mixtral = get_model("mixtral-8x7b")
+    cands = candidates(Problem(mixtral, 1024, "bf16"))
+    tried = [c for c in cands if c.tail_tiles]
+    assert tried and all(c.tail_tiles == 1 for c in tried)
+    assert {replace(c, tail_tiles=0).key() for c in tried} == {
+        c.key() for c in cands if c.BLOCK_SIZE_M == 128 and not c.tail_tiles}
+    assert not any(c.tail_tiles for c in candidates(Problem(mixtral, 1024, "fp8-tensor")))
+    assert not any(c.tail_tiles for c in candidates(Problem(mixtral, 16, "bf16")))
