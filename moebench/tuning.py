@@ -157,12 +157,13 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
 
 def _tries_tail(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> bool:
     """Whether to try an expert's last row tile at half the rows where its slots fit (``tail_tiles`` = 1).
-    With uniform routing the align pads 8-25% rows at the prefill points' tiles; balancing the routing so that
-    none are padded made them 1.07-1.19x faster on an H200 (results/h200-session16/padding-bound.jsonl). Tails
-    at the best config of each point of M >= 1024 (ab-tail.jsonl there) took 0.956x the time at Mixtral bf16
-    M=1024 (128-row tiles), 0.99-0.995x at the bf16 points of M=4096, and 0.97-1.08x at the fp8 ones (most
-    slower; a tail still reads the whole weight tile), at a quarter tile (``tail_tiles`` = 2) 0.95-1.07x:
-    so half tails, at bf16 tiles of 128 rows."""
+    With uniform routing the align pads 8-48% more rows at the points of M >= 1024, at their best tiles; a
+    balanced routing with none padded made those points 1.09-1.19x faster on an H200 (results/h200-session16,
+    padding-bound.jsonl). But a tail tile still reads its whole weight tile: at each point's best config
+    (ab-tail-*.jsonl there) half tails took 0.956x the time at Mixtral bf16 M=1024 and 0.986-0.995x at the
+    bf16 points of M=4096 (tiles of 128 rows), 1.02x at 64-row bf16 tiles and 1.00-1.08x at fp8; quarter
+    tails (``tail_tiles`` = 2) 0.99-1.09x. Tuned (results/h200-kernels-890f8be), the best config of Qwen3
+    bf16 M=4096 has them (1.054x faster than without) and Mixtral bf16's best do not."""
     return not spec.is_fp8 and cfg.BLOCK_SIZE_M == 128 and per_expert > MID_MAX and not cfg.direct_route
 
 
