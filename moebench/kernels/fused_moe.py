@@ -144,7 +144,7 @@ an expert's last tile is often mostly padding (8-48% more rows than slots at the
 at their best tiles). With ``tail_tiles`` = 1 a tile whose real slots fit in half of it runs at BLOCK_M / 2 rows
 (with 2, a quarter where they fit there): a second (third) compiled path of the same tile code at that height,
 chosen per program from its slot ids; without it the kernels are compiled as before (the same PTX). A balanced
-routing, no row padded, made the prefill points 1.09-1.19x faster on an H200, but a tail tile still reads its
+routing, no row padded, made the points of M >= 1024 1.09-1.19x faster on an H200, but a tail tile still reads its
 whole weight tile: half tails made Mixtral bf16 M=1024 1.046x faster at its best config and Qwen3 bf16 M=4096
 up to 1.054x (tuned), and the fp8 points up to 1.085x slower (``results/h200-session16``), so the tuner tries
 them at bf16 tiles of 128 rows.
