@@ -14,7 +14,7 @@ import json
 import sys
 from dataclasses import replace
 
-from _points import REPORT_RUNS, best_rows, check_then_time, m_range, prefill_first
+from _points import REPORT_RUNS, best_rows, check_then_time, layer, m_range, prefill_first
 
 import moebench.kernels.fused_moe as kernels
 from moebench.tile import fit_stages
@@ -33,9 +33,7 @@ for cfg, problem, inp, ref, out, row in prefill_first(best, max(lo, 256), hi):
     runnable, row["failed"] = {}, []
     for label, c in variants.items():
         try:
-            kernels.fused_moe(inp.x, inp.weights.w13, inp.weights.w2, inp.topk_weights, inp.topk_ids, c, out=out,
-                              fp8_scheme=inp.weights.fp8_scheme, w13_scale=inp.weights.w13_scale,
-                              w2_scale=inp.weights.w2_scale)
+            layer(kernels, inp, c, out)()  # compiles it, or raises
             runnable[label] = (kernels, c)
         except Exception as e:  # noqa: BLE001 - a tile that does not compile (e.g. out of shared memory)
             row["failed"].append(f"{label}: {type(e).__name__}")
