@@ -105,10 +105,12 @@ def scratch_module(name: str) -> ModuleType:
 
 
 def check_then_time(row: dict, variants: dict, inp: MoEInputs, out: torch.Tensor, ref: torch.Tensor,
-                    rtol: float) -> dict:
+                    rtol: float, rounds: int = 2, alternate: bool = False) -> dict:
     """Each variant (label -> (kernels module, config)) checked against ``ref``, its error kept in
-    ``row[label + "_err"]``; those within ``rtol`` timed twice, interleaved with the others, keeping the
-    faster median in ``row[label]`` (a variant timed first read up to 8% slow in an earlier run)."""
+    ``row[label + "_err"]``; those within ``rtol`` timed ``rounds`` times, interleaved with the others, keeping the
+    fastest median in ``row[label]`` (a variant timed first read up to 8% slow in an earlier run). ``alternate``:
+    every other round in reverse order, so no variant is always timed after the others (the compute-bound
+    prefill points ran up to 8% slower as a run went on, session 17)."""
     fns = {}
     for label, (kernels, cfg) in variants.items():
         fn = layer(kernels, inp, cfg, out)
@@ -116,8 +118,8 @@ def check_then_time(row: dict, variants: dict, inp: MoEInputs, out: torch.Tensor
         row[f"{label}_err"] = round(err, 5)
         if err < rtol:
             fns[label] = fn
-    for _ in range(2):
-        for label, fn in fns.items():
+    for r in range(rounds):
+        for label, fn in (reversed(fns.items()) if alternate and r % 2 else fns.items()):
             t = round(time_graph(fn, budget_s=0.3).median_us, 1)
             row[label] = min(t, row.get(label, t))
     return row

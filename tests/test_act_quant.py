@@ -34,6 +34,21 @@ def test_per_tensor_matches_torch_and_has_one_scale():
     assert torch.equal(q.float(), q_ref.float())
 
 
+def test_per_tensor_scale_from_maxima_of_parts_is_the_same():
+    """Given the maxima of parts that cover x (as GEMM1's tiles of h), the per-tensor quantization reads no row
+    maxima of its own and gives the same scale and bits; a zero entry (a program with no tile) changes nothing.
+    Maxima give a per-tensor scale only."""
+    x = torch.randn(21, 300, device=DEVICE).bfloat16() * 3
+    parts = [x[:5, :100], x[:5, 100:], x[5:, :200], x[5:, 200:]]
+    maxima = torch.stack([p.float().abs().max() for p in parts] + [torch.zeros((), device=DEVICE)])
+    q, s = quantize_act(x, "tensor", maxima=maxima)
+    q_ref, s_ref = quantize_act(x, "tensor")
+    assert torch.equal(s, s_ref)
+    assert torch.equal(q.float(), q_ref.float())
+    with pytest.raises(ValueError, match="per-tensor"):
+        quantize_act(x, "channel", maxima=maxima)
+
+
 def test_static_scale_matches_torch_and_clips():
     """A scale given ahead is used as is (one launch, no maxima): values past +-448 * scale clip."""
     x = torch.randn(9, 300, device=DEVICE).bfloat16() * 4

@@ -381,9 +381,9 @@ def test_static_scales_quantize_x_once_and_h_in_gemm1(monkeypatch):
 
     calls = []
 
-    def counted(t, scheme, static_scale=None, pdl=False):
+    def counted(t, scheme, static_scale=None, pdl=False, maxima=None):
         calls.append((tuple(t.shape), static_scale is not None))
-        return quantize_act(t, scheme, static_scale, pdl)
+        return quantize_act(t, scheme, static_scale, pdl, maxima)
 
     monkeypatch.setattr(fm, "quantize_act", counted)
     problem = Problem(_shape(8, 128, 64, 2), 5, "fp8-tensor-static", seed=10)
@@ -413,15 +413,46 @@ def test_block128_h_quantized_by_the_launch_that_applies_the_activation(config, 
 
     calls = []
 
-    def counted(t, scheme, static=None, pdl=False):
+    def counted(t, scheme, static=None, pdl=False, maxima=None):
         calls.append(t.shape)
-        return quantize_act(t, scheme, static, pdl)
+        return quantize_act(t, scheme, static, pdl, maxima)
 
     monkeypatch.setattr(fm, "quantize_act", counted)
     problem = Problem(_shape(4, 512, intermediate, 2), 3, "fp8-block128", seed=9)
     result = check_point(get_path("triton"), problem, make_inputs(problem, DEVICE, draw=1), config)
     assert result.correct, f"rel. error {result.rel_err}"
     assert [tuple(shape) for shape in calls] == [(3, 512)]
+
+
+@pytest.mark.parametrize("config", [
+    TileConfig(16, 32, 32, 1, 4, 2),
+    TileConfig(16, 32, 32, 1, 4, 2, swap_ab=True, atomic_sum=False),
+    TileConfig(32, 32, 32, 1, 4, 2, tail_tiles=1),  # tail tiles: one of the tile paths writes each maximum
+    TileConfig(16, 32, 32, 1, 4, 2, gemm1_merged=True),
+    TileConfig(16, 32, 32, 1, 4, 2, direct_route=True),
+    TileConfig(16, 32, 32, 1, 4, 2, split_k=2),  # split-K: the _swiglu launch writes h, its maximum found after
+])
+def test_fp8_tensor_scale_of_h_from_gemm1_tile_maxima(config, monkeypatch):
+    """fp8-tensor with a dynamic scale: without split-K each GEMM1 program writes the maximum of its tile of h
+    (programs past the used tiles a zero), and h's quantization takes the largest, with no launch reading h for
+    it: the scale is h's own maximum / 448 and the layer matches the reference."""
+    from moebench.kernels import fused_moe as fm
+
+    seen = []
+
+    def recorded(t, scheme, static=None, pdl=False, maxima=None):
+        q, scale = quantize_act(t, scheme, static, pdl, maxima)
+        seen.append((t.clone(), maxima, scale.clone()))
+        return q, scale
+
+    monkeypatch.setattr(fm, "quantize_act", recorded)
+    problem = Problem(_shape(6, 96, 48, 2), 33, "fp8-tensor", seed=14)
+    result = check_point(get_path("triton"), problem, make_inputs(problem, DEVICE, draw=1), config)
+    assert result.correct, f"rel. error {result.rel_err}"
+    h, maxima, scale = seen[-1]  # the last run's h (seen[0] and [1]: x and h of the first)
+    assert h.shape == (33 * 2, 48)
+    assert (maxima is None) == (config.split_k > 1)
+    assert torch.equal(scale, (h.float().abs().max() / 448.0).reshape(1))
 
 
 @pytest.mark.parametrize("hidden", [384, 320])  # 3 groups; 3 groups, the last half outside x (K tail)
@@ -437,9 +468,9 @@ def test_block128_x_quantized_in_gemm1_gives_the_same_bits(config, hidden, monke
 
     calls = []
 
-    def counted(t, scheme, static=None, pdl=False):
+    def counted(t, scheme, static=None, pdl=False, maxima=None):
         calls.append(tuple(t.shape))
-        return quantize_act(t, scheme, static, pdl)
+        return quantize_act(t, scheme, static, pdl, maxima)
 
     monkeypatch.setattr(fm, "quantize_act", counted)
     problem = Problem(_shape(8, hidden, 128, 2), 3, "fp8-block128", seed=12)

@@ -72,11 +72,12 @@ def _row_amax(x_ptr, amax_ptr, K, stride_x, BLOCK_K: tl.constexpr, PDL: tl.const
     tl.store(amax_ptr + row, tl.max(m, axis=0))
 
 
-@triton.jit(do_not_specialize=["R"])
-def _quantize_rows(x_ptr, q_ptr, amax_ptr, scale_ptr, R, K, stride_x, stride_q,
+@triton.jit(do_not_specialize=["n_amax"])
+def _quantize_rows(x_ptr, q_ptr, amax_ptr, scale_ptr, n_amax, K, stride_x, stride_q,
                    PER_TENSOR: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                    ROUND_FIRST: tl.constexpr, STATIC: tl.constexpr = False, PDL: tl.constexpr = False):
-    """Row ``program_id`` of x in fp8. STATIC: the scale is read from ``scale_ptr`` (given ahead)."""
+    """Row ``program_id`` of x in fp8. STATIC: the scale is read from ``scale_ptr`` (given ahead). PER_TENSOR:
+    the scale of the ``n_amax`` maxima at ``amax_ptr`` (x's rows', or those of the parts of x a GEMM wrote)."""
     dependent.start(PDL)
     row = tl.program_id(0).to(tl.int64)
     if STATIC:
@@ -84,9 +85,9 @@ def _quantize_rows(x_ptr, q_ptr, amax_ptr, scale_ptr, R, K, stride_x, stride_q,
     else:
         if PER_TENSOR:  # every program reduces all row maxima: no second launch, no atomics
             m = tl.zeros((BLOCK_R,), dtype=tl.float32)
-            for r in range(0, R, BLOCK_R):
+            for r in range(0, n_amax, BLOCK_R):
                 offs_r = r + tl.arange(0, BLOCK_R)
-                m = tl.maximum(m, tl.load(amax_ptr + offs_r, mask=offs_r < R, other=0.0))
+                m = tl.maximum(m, tl.load(amax_ptr + offs_r, mask=offs_r < n_amax, other=0.0))
             amax = tl.max(m, axis=0)
         else:
             amax = tl.load(amax_ptr + row)
@@ -121,11 +122,13 @@ def _quantize_groups(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s
 
 
 def quantize_act(x: torch.Tensor, scheme: str, static_scale: torch.Tensor | None = None,
-                 pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 pdl: bool = False, maxima: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, K] (bf16/fp16/fp32) -> (fp8 [R, K], float32 scale shaped as the module doc says).
 
     ``static_scale`` ([1] float32, ``tensor`` only): quantize at this scale, which is returned.
     ``pdl``: the launches are programmatic dependents (``kernels.pdl``; sm90 only).
+    ``maxima`` ([n] float32, ``tensor`` only): absolute maxima of parts of x that cover it (those of the tiles
+    of the GEMM that wrote x), whose largest is x's; then no launch reads x for its maximum.
     """
     dep = dependent.launch_kwargs(pdl)
     R, K = x.shape
@@ -150,10 +153,14 @@ def quantize_act(x: torch.Tensor, scheme: str, static_scale: torch.Tensor | None
     per_tensor = scheme == "tensor"
     if scheme not in ("tensor", "channel"):
         raise ValueError(f"unknown fp8 scheme {scheme!r}")
-    amax = torch.empty(R, device=x.device, dtype=torch.float32)
+    if maxima is not None and not per_tensor:
+        raise ValueError(f"maxima of parts of x give a per-tensor scale, not {scheme!r}")
     scale = torch.empty(1 if per_tensor else R, device=x.device, dtype=torch.float32)
     if R:
-        _row_amax[(R,)](x, amax, K, x.stride(0), BLOCK_K=block_k, **dep)
-        _quantize_rows[(R,)](x, q, amax, scale, R, K, x.stride(0), q.stride(0), PER_TENSOR=per_tensor,
+        amax = maxima
+        if amax is None:
+            amax = torch.empty(R, device=x.device, dtype=torch.float32)
+            _row_amax[(R,)](x, amax, K, x.stride(0), BLOCK_K=block_k, **dep)
+        _quantize_rows[(R,)](x, q, amax, scale, amax.numel(), K, x.stride(0), q.stride(0), PER_TENSOR=per_tensor,
                              BLOCK_K=block_k, BLOCK_R=1024, ROUND_FIRST=interpreting(), **dep)
     return q, scale

@@ -393,6 +393,8 @@ def _gemm1_swiglu(
     zero_numel,  # ZERO: M * hidden
     ZERO: tl.constexpr,  # every program zeroes its share of zero_ptr, for GEMM2 to add into
     TAIL: tl.constexpr,  # an expert's last row tile at BLOCK_M / 2 (or / 4 with 2) rows where its slots fit
+    amax_ptr,  # AMAX_OUT: [grid] float32, each program's absolute maximum of the h it wrote (0 where none)
+    AMAX_OUT: tl.constexpr,  # SPLIT_K == 1, h not quantized here: for a dynamic per-tensor scale of h
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
@@ -406,8 +408,11 @@ def _gemm1_swiglu(
                 _gemm1_tile(_head_slots(slot, sorted_ids_ptr, pid_m, BLOCK_M, BLOCK_M >> i), expert, pid_n, x_ptr,
                             w_ptr, h_ptr, h_scale_ptr, x_scale_ptr, w_scale_ptr, num_slots, N, K, stride_xm, stride_we,
                             stride_wn, stride_hm, stride_split, stride_hsm, stride_xsm, stride_xsk, stride_wse,
-                            stride_wsn, stride_wsk, w_desc, TOPK, BLOCK_M >> i, BLOCK_N, BLOCK_K, SWAP_AB, QUANT,
-                            SPLIT_K, MERGED, EVEN_K, EVEN_N, STATIC_OUT, GROUP_OUT, ROUND_FIRST, X_QUANT, TMA_W)
+                            stride_wsn, stride_wsk, w_desc, amax_ptr, TOPK, BLOCK_M >> i, BLOCK_N, BLOCK_K, SWAP_AB,
+                            QUANT, SPLIT_K, MERGED, EVEN_K, EVEN_N, STATIC_OUT, GROUP_OUT, ROUND_FIRST, X_QUANT, TMA_W,
+                            AMAX_OUT)
+    elif AMAX_OUT:
+        tl.store(amax_ptr + tl.program_id(0), 0.0)
 
 
 @triton.jit
@@ -434,11 +439,11 @@ def _head_slots(slot, sorted_ids_ptr, pid_m, BLOCK_M: tl.constexpr, ROWS: tl.con
 @triton.jit
 def _gemm1_tile(slot, expert, pid_n, x_ptr, w_ptr, h_ptr, h_scale_ptr, x_scale_ptr, w_scale_ptr, num_slots, N, K,
                 stride_xm, stride_we, stride_wn, stride_hm, stride_split, stride_hsm, stride_xsm, stride_xsk,
-                stride_wse, stride_wsn, stride_wsk, w_desc, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
+                stride_wse, stride_wsn, stride_wsk, w_desc, amax_ptr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr,
                 SPLIT_K: tl.constexpr, MERGED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                 STATIC_OUT: tl.constexpr, GROUP_OUT: tl.constexpr, ROUND_FIRST: tl.constexpr, X_QUANT: tl.constexpr,
-                TMA_W: tl.constexpr):
+                TMA_W: tl.constexpr, AMAX_OUT: tl.constexpr):
     """One GEMM1 tile of the slots ``slot`` [BLOCK_M] of ``expert``, columns ``pid_n``: its K loop and epilogue
     (the arguments are the kernel's)."""
     row_ok = slot < num_slots
@@ -477,7 +482,10 @@ def _gemm1_tile(slot, expert, pid_n, x_ptr, w_ptr, h_ptr, h_scale_ptr, x_scale_p
             tl.store(h_ptrs, q, mask=mask)
             tl.store(h_scale_ptr + slot_safe * stride_hsm + pid_n, scale, mask=row_ok)
         else:
-            tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=mask)
+            h = h.to(h_ptr.dtype.element_ty)
+            tl.store(h_ptrs, h, mask=mask)
+            if AMAX_OUT:  # the maximum of the values stored, so h's scale is the one a launch would find
+                tl.store(amax_ptr + tl.program_id(0), tl.max(tl.where(mask, tl.abs(h.to(tl.float32)), 0.0)))
     else:  # this split's partial sums; _swiglu adds the splits' and applies the activation
         split = (tl.program_id(0) % SPLIT_K).to(tl.int64)
         gu_ptrs = h_ptr + split * stride_split + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
@@ -969,7 +977,13 @@ def fused_moe(
     # Split-K: each split's gate|up partial sums, every entry written by GEMM1 (so not zeroed).
     gu = h if split == 1 else torch.empty(split, T, 2 * I, device=x.device, dtype=torch.float32)  # [split, T, 2I]
     stride_split = T * 2 * I
-    k1 = _gemm1_swiglu[(max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N) * split,)](
+    grid1 = max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N) * split
+    # A dynamic per-tensor scale of h: each GEMM1 program writes the maximum of its tile of h, and the quantization
+    # launch takes the largest, so no launch reads h for it (with split-K the _swiglu launch writes h, and h's
+    # quantization finds its maximum itself).
+    amax_out = per_tensor and not static and split == 1
+    maxima = torch.empty(grid1, device=x.device, dtype=torch.float32) if amax_out else None  # [grid1]
+    k1 = _gemm1_swiglu[(grid1,)](
         a1, w13, gu, act_scale[1:] if static else h_scale, a1_scale, w13_scale, sorted_ids, expert_ids, num_padded,
         T, max_blocks, I, H, a1.stride(0), w13.stride(0), w13.stride(1), gu.stride(-2), stride_split,
         h_scale.stride(0) if group_out else 0, *_scale_strides(a1_scale, 2, per_tensor),
@@ -977,7 +991,8 @@ def fused_moe(
         GROUP_OUT=group_out, ROUND_FIRST=interpreting(), X_QUANT=x_quant, zero_ptr=acc if zero else None,
         zero_numel=acc.numel() if zero else 0, ZERO=zero,
         EVEN_K=H % config.BLOCK_SIZE_K == 0, EVEN_N=I % config.BLOCK_SIZE_N == 0,
-        w_desc=_weight_descriptor(w13, config) if config.gemm1_tma else None, TMA_W=config.gemm1_tma, **launch,
+        w_desc=_weight_descriptor(w13, config) if config.gemm1_tma else None, TMA_W=config.gemm1_tma,
+        amax_ptr=maxima, AMAX_OUT=maxima is not None, **launch,
     )
     if split > 1 and T:
         _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0), stride_split, SPLIT_K=split,
@@ -991,7 +1006,7 @@ def fused_moe(
         a2, a2_scale = h, act_scale[1:]  # [T, I] fp8, [1]
     else:
         a2, a2_scale = (h, None) if quant == QUANT_NONE else quantize_act(
-            h, fp8_scheme, act_scale[1:] if static else None, pdl=pdl)  # [T, I] fp8
+            h, fp8_scheme, act_scale[1:] if static else None, pdl=pdl, maxima=maxima)  # [T, I] fp8
     if not config.atomic_sum:
         acc = torch.empty(T, H, device=x.device, dtype=act_dtype)  # [T, H], row = slot
     split2 = config.gemm2_split_k
