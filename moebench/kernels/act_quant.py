@@ -10,7 +10,9 @@ Rows are tokens (GEMM1's input ``x [M, K]``) or token slots (GEMM2's input
 ``tensor`` and ``channel`` take two launches (row maxima, then quantize; for
 ``tensor`` every program reduces the row maxima itself, so no global barrier
 or host sync is needed); ``block128`` takes one, a program per 32 rows x 128
-columns. A ``tensor`` scale given ahead (static) takes one launch and no maxima.
+columns. A ``tensor`` scale given ahead (static) takes one launch and no maxima,
+and so does one whose maxima the GEMM that wrote the tensor gave (GEMM1 writes
+the maximum of each tile of h it stores: no launch reads h for its maximum).
 """
 
 from __future__ import annotations
