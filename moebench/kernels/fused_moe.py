@@ -38,7 +38,7 @@ same scale with stride 0; with static activation scales, GEMM1's epilogue
 writes h in fp8 at the given scale, so h has no quantization launch; with
 dynamic ones each GEMM1 program writes the maximum of its tile of h, so one
 launch quantizes h and none reads it for its maximum: on an H200 Mixtral
-fp8-tensor M=1 took 0.973x the time, the other points 0.995-1.002x, within
+fp8-tensor M=1 took 0.974x the time, the other points 0.995-1.002x, within
 the spread of one kernel timed twice, results/h200-session17);
 2 = 128x128 weight blocks and 1x128 activation groups, applied at every K step
 (BLOCK_K must be 128): a fresh product per step, scaled and added into the
