@@ -30,7 +30,7 @@ REPORT_RUNS = tuple("results/h200-kernels-" + run for run in (
     "6be41bd", "6be41bd-ds4096", "1fd6e45/*-*", "1694d9e/*-*", "b7f19ac/*-*", "93e00f1/*-*", "d02c38f/*-*",
     "31c76a7/*-*", "0bd199d/*-*", "3869705/*-*", "2c1f5bd/*-*", "92ac413/*-*", "5535446/*-decode",
     "3e7870e/*-decode", "890f8be/deepseek-v3-tp8", "890f8be/qwen3-30b-a3b", "890f8be/mixtral-8x7b",
-    "890f8be/tail-first/*", "7f72fbb/*"))
+    "890f8be/tail-first/*", "7f72fbb/*-*"))
 
 
 def best_rows(*run_globs: str) -> dict[tuple[str, str, int], dict]:
