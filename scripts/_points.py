@@ -97,25 +97,35 @@ def checked_error(run: Callable[[], None], out: torch.Tensor, ref: torch.Tensor)
     return ((out.float() - ref).norm() / ref.norm()).item()
 
 
-def scratch_module(name: str) -> ModuleType:
-    """An older copy of a kernel file, ``.scratch/{name}.py`` (made by ``git show``), as a module."""
-    spec = importlib.util.spec_from_file_location(name, f".scratch/{name}.py")
+def module_from_file(path: str, name: str) -> ModuleType:
+    """The Python file at ``path`` (a copy of a kernel file) loaded as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def scratch_module(name: str) -> ModuleType:
+    """An older copy of a kernel file, ``.scratch/{name}.py`` (made by ``git show``), as a module."""
+    return module_from_file(f".scratch/{name}.py", name)
+
+
 def check_then_time(row: dict, variants: dict, inp: MoEInputs, out: torch.Tensor, ref: torch.Tensor,
                     rtol: float, rounds: int = 2, alternate: bool = False) -> dict:
     """Each variant (label -> (kernels module, config)) checked against ``ref``, its error kept in
-    ``row[label + "_err"]``; those within ``rtol`` timed ``rounds`` times, interleaved with the others, keeping the
+    ``row[label + "_err"]`` (or, where it cannot run, e.g. out of shared memory, "label: error type" added to
+    ``row["failed"]``); those within ``rtol`` timed ``rounds`` times, interleaved with the others, keeping the
     fastest median in ``row[label]`` (a variant timed first read up to 8% slow in an earlier run). ``alternate``:
     every other round in reverse order, so no variant is always timed after the others (the compute-bound
     prefill points ran up to 8% slower as a run went on, session 17)."""
     fns = {}
     for label, (kernels, cfg) in variants.items():
         fn = layer(kernels, inp, cfg, out)
-        err = checked_error(fn, out, ref)
+        try:
+            err = checked_error(fn, out, ref)  # compiles it, or raises
+        except Exception as e:  # noqa: BLE001 - a variant that cannot run is a result, not the end of the script
+            row.setdefault("failed", []).append(f"{label}: {type(e).__name__}")
+            continue
         row[f"{label}_err"] = round(err, 5)
         if err < rtol:
             fns[label] = fn
