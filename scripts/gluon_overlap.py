@@ -1,0 +1,399 @@
+"""A block-scaled fp8 GEMM that scales one K step's product while the next step's MMA runs, unserialized.
+
+Session 10's Gluon prototype of that overlap (``scripts/gluon_block128.py``, ``gluon_async``) ran no faster
+than waiting for every MMA, and its conclusion was that the waits do not hold fp8-block128 back. But ptxas
+serialized that kernel's MMAs: compiled for sm90a it reports "(C7514) Potential Performance Loss:
+wgmma.mma_async instructions are serialized due to non wgmma instructions reading accumulator registers of a
+wgmma between start and end of the pipeline stage". Its loop carries step k's product, MMA in flight, across
+the back edge in registers other than those the MMA wrote, so a copy reads them before their wait. A first
+version of the kernel below, which carried each product in the registers its MMA writes (no copy in the
+PTX) but still left one MMA in flight across the back edge, was reported serialized as well.
+
+This kernel keeps each MMA's flight inside one iteration. It holds two product tiles, X for even K steps and
+Y for odd ones; each MMA writes into the tile it uses (``use_acc=False``: the old value, already scaled and
+added, is ignored). An iteration runs UNROLL steps: step k's MMA is issued, then step k-1's product waited
+for (one MMA in flight) and scaled into the accumulator; the last step's product is waited for and scaled
+with no MMA under it. So UNROLL - 1 of every UNROLL scalings run under an MMA. ``OVERLAP=False`` waits for
+each MMA before scaling its product (the order of Triton's code). ``_pair_gemm``'s warps also load the
+buffers (all STAGES first, then a buffer once every warp is past the MMA that read it); ``_ws_gemm`` is
+warp-specialized as CUTLASS's Hopper GEMMs are: one warp loads by TMA, two 4-warp groups take 64 rows each of
+a 128-row tile and release a buffer by an mbarrier, so each group can scale while the other's MMA runs.
+
+It times, at session 10's shapes (dense, M = 16384, Qwen3's and DeepSeek-V3@tp8's GEMM1 widths; the fp8 rate
+measured in the same run), each variant checked against the float32 reference first (output poisoned):
+
+- ``gluon_pair2`` / ``gluon_pair4``: ``_pair_gemm`` overlapped, 2 / 4 steps per iteration;
+  ``gluon_pair_sync``: ``_pair_gemm`` waiting for each MMA;
+- ``gluon_ws2`` / ``gluon_ws4`` / ``gluon_ws_sync``: the same three forms of ``_ws_gemm``;
+- ``gluon_async`` / ``gluon_sync``: session 10's kernels (``gluon_async`` the serialized one);
+- ``triton`` / ``triton_plain``: session 10's Triton kernel with the block scales / the same fp8 product
+  without them;
+- ``cublas_block``: ``torch._scaled_mm`` with 1x128 activation and 128x128 weight scales (cuBLAS's
+  block-scaled GEMM), where this torch has it for sm90; ``cublas_plain`` without scales. Each is checked
+  and timed with a copy of its output into the poisoned C (as session 10's ``cublas_plain``), then timed
+  without the copy (``*_bare``).
+
+    PYTHONPATH=$PWD python3 scripts/gluon_overlap.py > out.txt   # JSON rows, then a table
+
+``--compile-only`` (no GPU needed): compiles the Gluon kernels for sm90a and prints, per variant, the
+``wgmma.wait_group`` counts of the PTX, ptxas's register count and whether it reports C7514.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+# triton 3.6 names the TMA tile load async_copy_global_to_shared; later versions async_load (and the old name raises)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# and the CTA-wide barrier thread_barrier; later versions barrier
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gluon_block128 as s10  # noqa: E402 - session 10's kernels, the baselines
+
+# (BLOCK_M, BLOCK_N, num_warps, STAGES): session 10's three tiles (64x64 w4 ran slowest there: left out) and
+# the 64x128 tile at 3 stages
+TILES = [(64, 128, 4, 4), (128, 128, 8, 4), (64, 128, 4, 3)]
+# (OVERLAP, UNROLL) by row name: of ``_pair_gemm`` (gluon_pair*, at TILES) and ``_ws_gemm`` (gluon_ws*, 128x128
+# tiles at WS_STAGES)
+FORMS = {"gluon_pair_sync": (False, 2), "gluon_pair2": (True, 2), "gluon_pair4": (True, 4),
+         "gluon_ws_sync": (False, 2), "gluon_ws2": (True, 2), "gluon_ws4": (True, 4)}
+PAIR_FORMS = [f for f in FORMS if f.startswith("gluon_pair")]
+WS_FORMS = [f for f in FORMS if f.startswith("gluon_ws")]
+WS_STAGES = (4, 6)
+SHAPES = [(16384, 1536, 2048), (16384, 512, 7168)]  # Qwen3 and DeepSeek-V3@tp8 GEMM1 widths, as session 10
+
+
+@gluon.jit
+def _load_step(a_desc, b_desc, a_smem, b_smem, ready, off_m, off_n, step, k_steps, STAGES: gl.constexpr):
+    """Start the TMA loads of K step ``step`` into its buffer (none past the last step)."""
+    s = step % STAGES
+    ok = step < k_steps
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=ok)
+    _tma_load(a_desc, [off_m, step * BK], ready.index(s), a_smem.index(s), pred=ok)
+    _tma_load(b_desc, [off_n, step * BK], ready.index(s), b_smem.index(s), pred=ok)
+
+
+@gluon.jit
+def _step_done(ring, step, k_steps, STAGES: gl.constexpr, WS: gl.constexpr):
+    """Step ``step``'s MMA is complete in this warp group. With WS, say so to the loading warp (``empty``);
+    else, once every warp is past it, load step + STAGES into its buffer here."""
+    a_desc, b_desc, a_smem, b_smem, ready, empty, off_m, off_n = ring
+    if WS:
+        mbarrier.arrive(empty.index(step % STAGES))
+    else:
+        _cta_barrier()
+        _load_step(a_desc, b_desc, a_smem, b_smem, ready, off_m, off_n, step + STAGES, k_steps, STAGES)
+
+
+@gluon.jit
+def _mma_step(ring, step, into, ROW0: gl.constexpr, STAGES: gl.constexpr):
+    """Issue step ``step``'s MMA over rows ROW0.. of its A tile once its buffer is loaded, writing the
+    registers of ``into`` (its old value ignored); returns the product, in flight."""
+    a_smem, b_smem, ready = ring[2], ring[3], ring[4]
+    s = step % STAGES
+    mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+    a = a_smem.index(s).slice(ROW0, into.shape[0])
+    return warpgroup_mma(a, b_smem.index(s).permute((1, 0)), into, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _scale(scale_ptrs, b_scale_ptr, row_ok, step):
+    """[rows] the scale of step ``step``'s product rows: their 1x128 group's times the tile's 128x128 block's."""
+    return gl.load(scale_ptrs + step, mask=row_ok, other=0.0) * gl.load(b_scale_ptr + step)
+
+
+@gluon.jit
+def _in_order(t):
+    """``t`` unchanged, through an asm statement the compiler keeps in program order among the MMAs: the
+    product scaled into ``t`` is read before the next MMA is issued into its registers (LLVM would otherwise
+    schedule that read after the MMA, and keep the product in other registers)."""
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [t], dtype=gl.float32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, ROW0: gl.constexpr, ROWS: gl.constexpr,
+          STAGES: gl.constexpr, OVERLAP: gl.constexpr, UNROLL: gl.constexpr, WS: gl.constexpr):
+    """C rows off_m + ROW0 .. + ROWS of the tile: sum over 128-wide K steps k of (A_k . B_k^T) * as[row, k] *
+    bs[n // 128, k], by the warps that run it (one warp group per 64 rows), from the buffers of ``ring``."""
+    b_desc = ring[1]
+    off_m, off_n = ring[6], ring[7]
+    BN: gl.constexpr = b_desc.block_type.shape[0]  # B is [N, K]; its tiles [BN, 128]
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[ROWS // 16, 1],
+                                                  instr_shape=[16, BN, 32])
+    k_steps = K // 128
+    rows = off_m + ROW0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, mma))  # [ROWS]
+    row_ok = rows < M
+    a_scales = as_ptr + rows * stride_as  # [ROWS] these rows of as [M, K / 128]
+    b_scales = bs_ptr + (off_n // 128) * stride_bs  # the tile's row of bs [N / 128, K / 128]
+    acc = gl.zeros([ROWS, BN], gl.float32, layout=mma)
+    x = gl.zeros([ROWS, BN], gl.float32, layout=mma)  # even steps' products
+    y = gl.zeros([ROWS, BN], gl.float32, layout=mma)  # odd steps' products
+    for k0 in range(0, k_steps, UNROLL):
+        if OVERLAP:
+            # each MMA is issued before the previous one's product is waited for and scaled; no MMA is left
+            # in flight across the loop's back edge, where ptxas would serialize them all (C7514)
+            x_scale = _scale(a_scales, b_scales, row_ok, k0)
+            x = _mma_step(ring, k0, x, ROW0, STAGES)
+            for j in gl.static_range(1, UNROLL):
+                if j % 2 == 1:
+                    y_scale = _scale(a_scales, b_scales, row_ok, k0 + j)
+                    y = _mma_step(ring, k0 + j, y, ROW0, STAGES)
+                    y, x = warpgroup_mma_wait(num_outstanding=1, deps=(y, x))
+                    acc = _in_order(acc + x * x_scale[:, None])
+                else:
+                    x_scale = _scale(a_scales, b_scales, row_ok, k0 + j)
+                    x = _mma_step(ring, k0 + j, x, ROW0, STAGES)
+                    x, y = warpgroup_mma_wait(num_outstanding=1, deps=(x, y))
+                    acc = _in_order(acc + y * y_scale[:, None])
+                _step_done(ring, k0 + j - 1, k_steps, STAGES, WS)
+            y = warpgroup_mma_wait(num_outstanding=0, deps=(y, ))
+            acc += y * y_scale[:, None]
+            _step_done(ring, k0 + UNROLL - 1, k_steps, STAGES, WS)
+        else:
+            for j in gl.static_range(UNROLL):
+                x = _mma_step(ring, k0 + j, x, ROW0, STAGES)
+                x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
+                _step_done(ring, k0 + j, k_steps, STAGES, WS)
+                acc += x * _scale(a_scales, b_scales, row_ok, k0 + j)[:, None]
+    cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))  # [BN]
+    gl.store(c_ptr + rows[:, None] * N + cols[None, :], acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@gluon.jit
+def _ring(a_desc, b_desc, STAGES: gl.constexpr):
+    """The tile's STAGES buffers of A and B and their barriers: ``ready`` (loaded) and ``empty`` (read by both
+    consumer warp groups, where warp-specialized)."""
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, 128], a_desc.layout)
+    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, 128], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=BM // 64)
+    return a_smem, b_smem, ready, empty
+
+
+@gluon.jit
+def _pair_gemm(a_desc, b_desc, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs,
+               STAGES: gl.constexpr, OVERLAP: gl.constexpr, UNROLL: gl.constexpr, num_warps: gl.constexpr):
+    """C[BM, BN] tile by all the program's warps, which also load its buffers (BM = 16 * num_warps).
+
+    K must be a whole multiple of UNROLL 128-wide steps (UNROLL even: the loop body alternates X and Y)."""
+    off_m = gl.program_id(0) * a_desc.block_type.shape[0]
+    off_n = gl.program_id(1) * b_desc.block_type.shape[0]
+    a_smem, b_smem, ready, empty = _ring(a_desc, b_desc, STAGES)
+    for i in gl.static_range(STAGES):
+        _load_step(a_desc, b_desc, a_smem, b_smem, ready, off_m, off_n, i, K // 128, STAGES)
+    ring = (a_desc, b_desc, a_smem, b_smem, ready, empty, off_m, off_n)
+    _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, 0, a_desc.block_type.shape[0], STAGES,
+          OVERLAP, UNROLL, False)
+
+
+@gluon.jit
+def _loader(ring, K, STAGES: gl.constexpr):
+    """The loading warp: step k's tiles into buffer k % STAGES once both consumers are done with step
+    k - STAGES (a fresh barrier's wait for parity 1 passes at once)."""
+    a_desc, b_desc, a_smem, b_smem, ready, empty, off_m, off_n = ring
+    for k in range(K // 128):
+        mbarrier.wait(empty.index(k % STAGES), ((k // STAGES) & 1) ^ 1)
+        _load_step(a_desc, b_desc, a_smem, b_smem, ready, off_m, off_n, k, K // 128, STAGES)
+
+
+@gluon.jit
+def _consumer(ring, out, ROW0: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, UNROLL: gl.constexpr):
+    """One 4-warp group's 64 rows of the tile; ``out`` holds _tile's scale and output arguments."""
+    as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs = out
+    _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, ROW0, 64, STAGES, OVERLAP, UNROLL, True)
+
+
+_FIRST_ROWS = gl.constexpr(0)  # where each consumer group's 64 rows start in the 128-row tile
+_SECOND_ROWS = gl.constexpr(64)
+
+
+@gluon.jit
+def _ws_gemm(a_desc, b_desc, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs,
+             STAGES: gl.constexpr, OVERLAP: gl.constexpr, UNROLL: gl.constexpr, num_warps: gl.constexpr):
+    """C[128, BN] tile, warp-specialized: a loading warp (TMA) and two 4-warp consumer groups of 64 rows each
+    that run apart, each scaling its products while the other's MMA runs (num_warps = 4: the first group)."""
+    off_m = gl.program_id(0) * a_desc.block_type.shape[0]
+    off_n = gl.program_id(1) * b_desc.block_type.shape[0]
+    a_smem, b_smem, ready, empty = _ring(a_desc, b_desc, STAGES)
+    ring = (a_desc, b_desc, a_smem, b_smem, ready, empty, off_m, off_n)
+    out = (as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs)
+    gl.warp_specialize([(_consumer, (ring, out, _FIRST_ROWS, STAGES, OVERLAP, UNROLL)),
+                        (_consumer, (ring, out, _SECOND_ROWS, STAGES, OVERLAP, UNROLL)),
+                        (_loader, (ring, K, STAGES))], [4, 1], [232, 40])
+
+
+def _descs(a: torch.Tensor, b: torch.Tensor, block_m: int, block_n: int):
+    """TMA descriptors of A [M, K] in [block_m, 128] tiles and B [N, K] in [block_n, 128] tiles (fp8)."""
+    def desc(t, rows):
+        return TensorDescriptor.from_tensor(t, [rows, 128], gl.NVMMASharedLayout.get_default_for([rows, 128],
+                                                                                                 gl.float8e4nv))
+    return desc(a, block_m), desc(b, block_n)
+
+
+def run_form(a, b, a_s, b_s, c, form, block_m, block_n, warps, stages):
+    """A launch of the Gluon kernel of row name ``form`` (``_ws_gemm`` for gluon_ws*, with 128-row tiles and
+    num_warps 4): a [M, K], b [N, K] fp8; a_s [M, K/128], b_s [N/128, K/128]; c [M, N] bf16."""
+    M, K = a.shape
+    N = b.shape[0]
+    overlap, unroll = FORMS[form]
+    assert K % (128 * unroll) == 0 and N % block_n == 0, "K in whole loop iterations, N in whole tiles"
+    kernel = _ws_gemm if form.startswith("gluon_ws") else _pair_gemm
+    a_desc, b_desc = _descs(a, b, block_m, block_n)
+    grid = (triton.cdiv(M, block_m), N // block_n)
+    return lambda: kernel[grid](a_desc, b_desc, a_s, b_s, c, M, N, K, a_s.stride(0), b_s.stride(0),
+                                STAGES=stages, OVERLAP=overlap, UNROLL=unroll, num_warps=warps)
+
+
+def cublas_block(a, b, a_s, b_s):
+    """torch._scaled_mm with 1x128 scales on a and 128x128 on b (cuBLAS), or None where unsupported.
+
+    The scale layouts this torch wants are tried in turn: a's [M, K/128] outer-dim-major, b's [N/128, K/128]
+    transposed (strided or contiguous), or as given."""
+    sa = a_s.t().contiguous().t()
+    for sb in (b_s.t(), b_s.t().contiguous(), b_s):
+        def fn(sb=sb):
+            return torch._scaled_mm(a, b.T, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+        try:
+            fn()
+            return fn
+        except (RuntimeError, ValueError):
+            continue
+    return None
+
+
+def cublas_plain(a, b):
+    """torch._scaled_mm with unit row and column scales (cuBLAS): the same fp8 product without block scales."""
+    ones_m, ones_n = torch.ones(a.shape[0], 1, device="cuda"), torch.ones(1, b.shape[0], device="cuda")
+    return lambda: torch._scaled_mm(a, b.T, ones_m, ones_n, out_dtype=torch.bfloat16)
+
+
+def compile_only() -> None:
+    """Compile the Gluon kernels for sm90a; print each one's waits and whether ptxas serialized its MMAs."""
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    ptxas = get_ptxas(90).path  # the ptxas triton compiles sm90 with
+    for block_m, block_n, warps, stages in TILES:
+        a = torch.empty(block_m, 256, dtype=torch.float8_e4m3fn)
+        b = torch.empty(block_n, 256, dtype=torch.float8_e4m3fn)
+        a_desc, b_desc = _descs(a, b, block_m, block_n)
+        sig = dict(a_desc=mangle_type(a_desc), b_desc=mangle_type(b_desc), as_ptr="*fp32", bs_ptr="*fp32",
+                   c_ptr="*bf16", M="i32", N="i32", K="i32", stride_as="i32", stride_bs="i32",
+                   STAGES="constexpr", num_warps="constexpr")
+        forms = PAIR_FORMS + (WS_FORMS if (block_m, warps) == (128, 8) else [])
+        kernels = [(name, _ws_gemm if name in WS_FORMS else _pair_gemm, dict(OVERLAP=FORMS[name][0],
+                                                                         UNROLL=FORMS[name][1])) for name in forms]
+        kernels += [(name, s10._gluon_block128, dict(OVERLAP=overlap))
+                    for name, overlap in (("gluon_sync", False), ("gluon_async", True))]
+        for name, fn, order in kernels:
+            constexprs = dict(STAGES=stages, num_warps=4 if name in WS_FORMS else warps, **order)
+            src = GluonASTSource(fn, {**sig, **{key: "constexpr" for key in order}}, constexprs=constexprs)
+            opts = dict(num_warps=constexprs["num_warps"])
+            how = "ws" if name in WS_FORMS else f"w{warps}"
+            tag = dict(kernel=name, tile=f"{block_m}x{block_n}x128 {how} s{stages}")
+            try:
+                ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+            except Exception as e:  # noqa: BLE001 - session 10's kernels use triton 3.6's names
+                print(json.dumps({**tag, "error": str(e).strip().splitlines()[-1][:160]}))
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "k.ptx")
+                with open(path, "w") as f:
+                    f.write(ptx)
+                log = subprocess.run([ptxas, "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
+                                     capture_output=True, text=True).stderr
+            regs = re.search(r"Used (\d+) registers", log)
+            waits = {w: ptx.count(f"wgmma.wait_group.sync.aligned {w};") for w in (0, 1)}
+            print(json.dumps(dict(**tag, wait_group=waits, serialized="C7514" in log,
+                                  registers=int(regs.group(1)) if regs else None)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--compile-only", action="store_true", help="compile for sm90a and ask ptxas; no GPU needed")
+    if p.parse_args().compile_only:
+        compile_only()
+        return
+    from moebench.roofline import measure_ceilings
+    from moebench.timing import time_graph
+
+    ceilings = measure_ceilings()
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    rows = []
+    for M, N, K in SHAPES:
+        a = torch.randn(M, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        b = torch.randn(N, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+        a_s = torch.rand(M, K // 128, device="cuda", generator=gen) + 0.5
+        b_s = torch.rand(N // 128, K // 128, device="cuda", generator=gen) + 0.5
+        ref = (a.float() * a_s.repeat_interleave(128, 1)) @ (b.float() * b_s.repeat_interleave(128, 0)
+                                                              .repeat_interleave(128, 1)).T
+        plain = a.float() @ b.float().T
+        c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        row = dict(M=M, N=N, K=K, tile="cublas", fp8_tflops=round(ceilings.fp8_tflops))
+        cublas = {"cublas_block": cublas_block(a, b, a_s, b_s), "cublas_plain": cublas_plain(a, b)}
+        for name, fn in cublas.items():  # checked with the copy into c, then timed without it as well
+            if fn is None:
+                row[f"{name}_error"] = "this torch has no 1x128/128x128 block-scaled _scaled_mm"
+                continue
+            s10._check_then_time(row, {name: lambda fn=fn, c=c: c.copy_(fn())}, c,
+                                 ref if "block" in name else plain, M * N * K, ceilings)
+            if name in row:  # it passed its check
+                t = time_graph(fn, budget_s=0.3).median_us
+                row[f"{name}_bare"] = round(t, 1)
+                row[f"{name}_bare_pct_fp8"] = round(2 * M * N * K / (t * 1e-6) / 1e12 / ceilings.fp8_tflops * 100, 1)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        tiles = [(tile, PAIR_FORMS) for tile in TILES] + [((128, 128, 4, st), WS_FORMS) for st in WS_STAGES]
+        for (block_m, block_n, warps, stages), forms in tiles:
+            ws = forms == WS_FORMS
+            row = dict(M=M, N=N, K=K, tile=f"{block_m}x{block_n}x128 {'ws' if ws else f'w{warps}'} s{stages}",
+                       fp8_tflops=round(ceilings.fp8_tflops))
+            tile = (block_m, block_n, warps, stages)
+            variants = {form: run_form(a, b, a_s, b_s, c, form, *tile) for form in forms}
+            if not ws:
+                variants.update({"gluon_async": s10.run_gluon(a, b, a_s, b_s, c, *tile, True),
+                                 "gluon_sync": s10.run_gluon(a, b, a_s, b_s, c, *tile, False),
+                                 "triton": s10.run_triton(a, b, a_s, b_s, c, *tile)})
+            s10._check_then_time(row, variants, c, ref, M * N * K, ceilings)
+            if not ws:
+                s10._check_then_time(row, {"triton_plain": s10.run_triton(a, b, a_s, b_s, c, *tile, scaled=False)},
+                                     c, plain, M * N * K, ceilings)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    _table(rows)
+
+
+def _table(rows: list[dict]) -> None:
+    """us (% of the fp8 rate) per shape, tile and variant; '-' where a variant has no time."""
+    names = [*FORMS, "gluon_sync", "gluon_async", "triton", "triton_plain", "cublas_block", "cublas_block_bare",
+             "cublas_plain", "cublas_plain_bare"]
+    print("N x K, tile | " + " | ".join(names))
+    for row in rows:
+        cells = [f"{row[n]} ({row[n + '_pct_fp8']}%)" if n in row else "-" for n in names]
+        print(f"{row['N']} x {row['K']}, {row['tile']} | " + " | ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
