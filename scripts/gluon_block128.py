@@ -154,17 +154,23 @@ def run_cublas(a, b, c):
     return lambda: c.copy_(torch._scaled_mm(a, b.T, ones_m, ones_n, out_dtype=torch.bfloat16))
 
 
+def block128_inputs(M: int, N: int, K: int, gen: torch.Generator):
+    """Random fp8 a [M, K] and b [N, K], scales a_s [M, K/128] and b_s [N/128, K/128] in [0.5, 1.5), and the
+    float32 products: ref with the scales, plain without them."""
+    a = torch.randn(M, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    b = torch.randn(N, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
+    a_s = torch.rand(M, K // 128, device="cuda", generator=gen) + 0.5
+    b_s = torch.rand(N // 128, K // 128, device="cuda", generator=gen) + 0.5
+    ref = (a.float() * a_s.repeat_interleave(128, 1)) @ (b.float() * b_s.repeat_interleave(128, 0)
+                                                          .repeat_interleave(128, 1)).T
+    return a, b, a_s, b_s, ref, a.float() @ b.float().T
+
+
 def main() -> None:
     ceilings = measure_ceilings()
     gen = torch.Generator(device="cuda").manual_seed(7)
     for M, N, K in ((16384, 1536, 2048), (16384, 512, 7168)):  # Qwen3 and DeepSeek-V3@tp8 GEMM1 widths
-        a = torch.randn(M, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-        b = torch.randn(N, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-        a_s = torch.rand(M, K // 128, device="cuda", generator=gen) + 0.5
-        b_s = torch.rand(N // 128, K // 128, device="cuda", generator=gen) + 0.5
-        ref = (a.float() * a_s.repeat_interleave(128, 1)) @ (b.float() * b_s.repeat_interleave(128, 0)
-                                                              .repeat_interleave(128, 1)).T
-        plain = a.float() @ b.float().T
+        a, b, a_s, b_s, ref, plain = block128_inputs(M, N, K, gen)
         c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         row = dict(M=M, N=N, K=K, tile="cublas", fp8_tflops=round(ceilings.fp8_tflops))
         _check_then_time(row, {"cublas_plain": run_cublas(a, b, c)}, c, plain, M * N * K, ceilings)

@@ -343,13 +343,7 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(7)
     rows = []
     for M, N, K in SHAPES:
-        a = torch.randn(M, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-        b = torch.randn(N, K, device="cuda", generator=gen).to(torch.float8_e4m3fn)
-        a_s = torch.rand(M, K // 128, device="cuda", generator=gen) + 0.5
-        b_s = torch.rand(N // 128, K // 128, device="cuda", generator=gen) + 0.5
-        ref = (a.float() * a_s.repeat_interleave(128, 1)) @ (b.float() * b_s.repeat_interleave(128, 0)
-                                                              .repeat_interleave(128, 1)).T
-        plain = a.float() @ b.float().T
+        a, b, a_s, b_s, ref, plain = s10.block128_inputs(M, N, K, gen)
         c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         row = dict(M=M, N=N, K=K, tile="cublas", fp8_tflops=round(ceilings.fp8_tflops))
         cublas = {"cublas_block": cublas_block(a, b, a_s, b_s), "cublas_plain": cublas_plain(a, b)}
