@@ -73,6 +73,9 @@ FORMS = {"gluon_pair_sync": (False, 2), "gluon_pair2": (True, 2), "gluon_pair4":
 PAIR_FORMS = [f for f in FORMS if f.startswith("gluon_pair")]
 WS_FORMS = [f for f in FORMS if f.startswith("gluon_ws")]
 WS_STAGES = (4, 6)
+# what is compiled and timed: each tile (BLOCK_M, BLOCK_N, num_warps, STAGES) with its forms; the
+# warp-specialized tiles are 128x128 at num_warps 4 (the first consumer group; the kernel adds the other warps)
+RUNS = [(tile, PAIR_FORMS) for tile in TILES] + [((128, 128, 4, stages), WS_FORMS) for stages in WS_STAGES]
 SHAPES = [(16384, 1536, 2048), (16384, 512, 7168)]  # Qwen3 and DeepSeek-V3@tp8 GEMM1 widths, as session 10
 
 
@@ -256,7 +259,7 @@ def run_form(a, b, a_s, b_s, c, form, block_m, block_n, warps, stages):
     N = b.shape[0]
     overlap, unroll = FORMS[form]
     assert K % (128 * unroll) == 0 and N % block_n == 0, "K in whole loop iterations, N in whole tiles"
-    kernel = _ws_gemm if form.startswith("gluon_ws") else _pair_gemm
+    kernel = _ws_gemm if form in WS_FORMS else _pair_gemm
     a_desc, b_desc = _descs(a, b, block_m, block_n)
     grid = (triton.cdiv(M, block_m), N // block_n)
     return lambda: kernel[grid](a_desc, b_desc, a_s, b_s, c, M, N, K, a_s.stride(0), b_s.stride(0),
@@ -287,6 +290,11 @@ def cublas_plain(a, b):
     return lambda: torch._scaled_mm(a, b.T, ones_m, ones_n, out_dtype=torch.bfloat16)
 
 
+def _tile_label(tile, forms) -> str:
+    block_m, block_n, warps, stages = tile
+    return f"{block_m}x{block_n}x128 {'ws' if forms == WS_FORMS else f'w{warps}'} s{stages}"
+
+
 def compile_only() -> None:
     """Compile the Gluon kernels for sm90a; print each one's waits and whether ptxas serialized its MMAs."""
     from triton.backends.compiler import GPUTarget
@@ -295,26 +303,24 @@ def compile_only() -> None:
     from triton.runtime.jit import mangle_type
 
     ptxas = get_ptxas(90).path  # the ptxas triton compiles sm90 with
-    for block_m, block_n, warps, stages in TILES:
+    for (block_m, block_n, warps, stages), forms in RUNS:
         a = torch.empty(block_m, 256, dtype=torch.float8_e4m3fn)
         b = torch.empty(block_n, 256, dtype=torch.float8_e4m3fn)
         a_desc, b_desc = _descs(a, b, block_m, block_n)
         sig = dict(a_desc=mangle_type(a_desc), b_desc=mangle_type(b_desc), as_ptr="*fp32", bs_ptr="*fp32",
                    c_ptr="*bf16", M="i32", N="i32", K="i32", stride_as="i32", stride_bs="i32",
                    STAGES="constexpr", num_warps="constexpr")
-        forms = PAIR_FORMS + (WS_FORMS if (block_m, warps) == (128, 8) else [])
         kernels = [(name, _ws_gemm if name in WS_FORMS else _pair_gemm, dict(OVERLAP=FORMS[name][0],
                                                                          UNROLL=FORMS[name][1])) for name in forms]
-        kernels += [(name, s10._gluon_block128, dict(OVERLAP=overlap))
-                    for name, overlap in (("gluon_sync", False), ("gluon_async", True))]
+        if forms == PAIR_FORMS:
+            kernels += [(name, s10._gluon_block128, dict(OVERLAP=overlap))
+                        for name, overlap in (("gluon_sync", False), ("gluon_async", True))]
         for name, fn, order in kernels:
-            constexprs = dict(STAGES=stages, num_warps=4 if name in WS_FORMS else warps, **order)
+            constexprs = dict(STAGES=stages, num_warps=warps, **order)
             src = GluonASTSource(fn, {**sig, **{key: "constexpr" for key in order}}, constexprs=constexprs)
-            opts = dict(num_warps=constexprs["num_warps"])
-            how = "ws" if name in WS_FORMS else f"w{warps}"
-            tag = dict(kernel=name, tile=f"{block_m}x{block_n}x128 {how} s{stages}")
+            tag = dict(kernel=name, tile=_tile_label((block_m, block_n, warps, stages), forms))
             try:
-                ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+                ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"]
             except Exception as e:  # noqa: BLE001 - session 10's kernels use triton 3.6's names
                 print(json.dumps({**tag, "error": str(e).strip().splitlines()[-1][:160]}))
                 continue
@@ -359,12 +365,9 @@ def main() -> None:
                 row[f"{name}_bare_pct_fp8"] = round(2 * M * N * K / (t * 1e-6) / 1e12 / ceilings.fp8_tflops * 100, 1)
         print(json.dumps(row), flush=True)
         rows.append(row)
-        tiles = [(tile, PAIR_FORMS) for tile in TILES] + [((128, 128, 4, st), WS_FORMS) for st in WS_STAGES]
-        for (block_m, block_n, warps, stages), forms in tiles:
+        for tile, forms in RUNS:
             ws = forms == WS_FORMS
-            row = dict(M=M, N=N, K=K, tile=f"{block_m}x{block_n}x128 {'ws' if ws else f'w{warps}'} s{stages}",
-                       fp8_tflops=round(ceilings.fp8_tflops))
-            tile = (block_m, block_n, warps, stages)
+            row = dict(M=M, N=N, K=K, tile=_tile_label(tile, forms), fp8_tflops=round(ceilings.fp8_tflops))
             variants = {form: run_form(a, b, a_s, b_s, c, form, *tile) for form in forms}
             if not ws:
                 variants.update({"gluon_async": s10.run_gluon(a, b, a_s, b_s, c, *tile, True),
