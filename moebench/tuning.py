@@ -50,6 +50,17 @@ def _classes(per_expert: float) -> tuple[TileConfig, ...]:
     return _LARGE
 
 
+def _shapes(per_expert: float) -> tuple[TileConfig, ...]:
+    """The class shapes to try: those of the average slots per expert and, where it lies in another class,
+    those of a busy expert's. With uniform routing an expert's slots are about binomial, mean ``per_expert``
+    and standard deviation about its square root, so about 1 expert in 40 gets more than
+    ``per_expert + 2 * sqrt(per_expert)``. At 16 per expert (Mixtral M=64, Qwen3 M=256) about 43% of the
+    experts get more than 16 slots, a second 16-row tile each, which a 32-row tile of the small class
+    would not need."""
+    busy = per_expert + 2 * per_expert**0.5
+    return tuple(dict.fromkeys(_classes(per_expert) + _classes(busy)))
+
+
 def split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
     """A GEMM1 split-K factor that gives about two programs per SM, or 1 when the grid is full enough.
 
@@ -98,7 +109,7 @@ def _for_dtype(base: TileConfig, spec: DtypeSpec) -> TileConfig:
 
 
 def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> list[TileConfig]:
-    """Distinct configs to try for ``problem``: the class's shapes x Swap-AB x the top-k sum's forms
+    """Distinct configs to try for ``problem``: the class's shapes (and a busy expert's class's) x Swap-AB x the top-k sum's forms
     (x a split-K variant where GEMM1's grid is small, and one of GEMM2 with the atomic sums where its grid is,
     x 8 row tiles per group where experts often take two row tiles, x a tile per slot with no align step
     where slots are few against experts, x a wider GEMM2 tile at prefill, x GEMM2 programs walking 8 column
@@ -114,7 +125,7 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
     # was 0-16% faster at T <= E / 4 and 31-38% slower at T = E (results/h200-session4).
     direct = (False, True) if 4 * problem.M * s.topk <= s.experts else (False,)
     out: dict[tuple, TileConfig] = {}
-    for base in _classes(per_expert):
+    for base in _shapes(per_expert):
         cfg = fit_stages(_for_dtype(base, spec), spec.weight_bytes)
         splits = sorted({1, split_for(problem, cfg)})
         split2 = gemm2_split_for(problem, cfg)

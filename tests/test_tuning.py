@@ -38,6 +38,15 @@ def test_tile_height_grows_with_tokens_per_expert():
     assert small == 16 and large >= 128
 
 
+def test_a_busy_experts_class_tried_where_the_average_is_at_the_top_of_its_class():
+    """At 16 slots per expert (the decode class's most) uniform routing gives about 43% of the experts more
+    than 16 slots: the small class's 32-row tiles are tried beside the 16-row ones. At 4 per expert a busy
+    expert still fits 16 rows, so only the decode class's."""
+    shape = get_model("mixtral-8x7b")
+    assert {c.BLOCK_SIZE_M for c in candidates(Problem(shape, 64, "bf16"))} == {16, 32, 64}
+    assert {c.BLOCK_SIZE_M for c in candidates(Problem(shape, 16, "bf16"))} == {16}
+
+
 def test_every_class_tries_the_three_forms_of_the_topk_sum(monkeypatch):
     """Prefill and decode candidates include the atomic epilogue into float32 and into the output, and the
     stored-rows top-k sum; under the interpreter (no bf16 atomics) not the output form for bf16 outputs."""
