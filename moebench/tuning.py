@@ -50,15 +50,24 @@ def _classes(per_expert: float) -> tuple[TileConfig, ...]:
     return _LARGE
 
 
+# Each class with the row-tile height most of its shapes have, lowest first (``_shapes``).
+_HEIGHTS = ((16, _DECODE), (32, _SMALL), (64, _MID), (128, _LARGE))
+
+
 def _shapes(per_expert: float) -> tuple[TileConfig, ...]:
-    """The class shapes to try: those of the average slots per expert and, where it lies in another class,
-    those of a busy expert's. With uniform routing an expert's slots are about binomial, mean ``per_expert``
-    and standard deviation about its square root, so about 1 expert in 40 gets more than
-    ``per_expert + 2 * sqrt(per_expert)``. At 16 per expert (Mixtral M=64, Qwen3 M=256) about 43% of the
-    experts get more than 16 slots, a second 16-row tile each, which a 32-row tile of the small class
-    would not need."""
+    """The class shapes to try: those of the average slots per expert and, where another class's tiles are
+    the lowest that hold a busy expert's slots in one row tile, those too. With uniform routing an expert's
+    slots are about binomial, mean ``per_expert`` and standard deviation about its square root, so about 1
+    expert in 40 gets more than ``busy = per_expert + 2 * sqrt(per_expert)``. At 16 per expert (Mixtral
+    M=64, Qwen3 M=256; busy 24) about 43% of the experts take a second 16-row tile; tuned on an H200 with
+    the small class's tiles too, 32-row tiles made those points 1.04-1.19x faster. At 64 (Mixtral M=256,
+    Qwen3 M=1024; busy 80) the prefill class's 128x128 tile made Mixtral 1.025-1.042x faster and Qwen3 bf16
+    1.013x; at DeepSeek-V3@tp8 M=1024 (32, busy 43) the mid class's tiles gained nothing; the decode points
+    of at most 4 per expert gained nothing from the next class (results/h200-session21). Above 128 no tile
+    holds a busy expert, so nothing is added."""
     busy = per_expert + 2 * per_expert**0.5
-    return tuple(dict.fromkeys(_classes(per_expert) + _classes(busy)))
+    holding = next((shapes for height, shapes in _HEIGHTS if busy <= height), ())
+    return tuple(dict.fromkeys(_classes(per_expert) + holding))
 
 
 def split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:

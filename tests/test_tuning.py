@@ -38,13 +38,21 @@ def test_tile_height_grows_with_tokens_per_expert():
     assert small == 16 and large >= 128
 
 
-def test_a_busy_experts_class_tried_where_the_average_is_at_the_top_of_its_class():
+def test_the_lowest_tiles_holding_a_busy_expert_are_tried_beside_the_average_ones():
     """At 16 slots per expert (the decode class's most) uniform routing gives about 43% of the experts more
-    than 16 slots: the small class's 32-row tiles are tried beside the 16-row ones. At 4 per expert a busy
-    expert still fits 16 rows, so only the decode class's."""
+    than 16 slots: the small class's 32-row tiles are tried beside the 16-row ones; at 64 the prefill class's
+    128-row tiles beside the mid class's. At 4 per expert a busy expert still fits 16 rows, and at 256 no tile
+    holds one: only the average's class."""
     shape = get_model("mixtral-8x7b")
-    assert {c.BLOCK_SIZE_M for c in candidates(Problem(shape, 64, "bf16"))} == {16, 32, 64}
-    assert {c.BLOCK_SIZE_M for c in candidates(Problem(shape, 16, "bf16"))} == {16}
+
+    def heights(m: int) -> set[int]:
+        return {c.BLOCK_SIZE_M for c in candidates(Problem(shape, m, "bf16"))}
+
+    assert heights(16) == {16}
+    assert heights(64) == {16, 32, 64}
+    at64 = {(c.BLOCK_SIZE_M, c.BLOCK_SIZE_N, c.num_warps) for c in candidates(Problem(shape, 256, "bf16"))}
+    assert {(128, 128, 8), (64, 64, 4)} <= at64
+    assert heights(1024) == {64, 128}  # the prefill class's alone
 
 
 def test_every_class_tries_the_three_forms_of_the_topk_sum(monkeypatch):
