@@ -24,13 +24,14 @@ BENCHMARK_RUN = "results/h200-kernels-bab17e1/*"  # the tuned run whose best con
 # scripts/retime_best.py start from: those of session 13's report in docs/kernels.md (timed with the zero-fill
 # flush), then the decode points tuned with the read flush at 5535446 (added after its best-configs run), the
 # fp8-block128 decode points tuned again at 3e7870e with gemm2_preload among the candidates, the whole
-# benchmark tuned again at 890f8be with tail tiles among them, and the fp8-tensor points tuned again at 7f72fbb,
-# whose GEMM1 gives h's per-tensor quantization its tile maxima.
+# benchmark tuned again at 890f8be with tail tiles among them, the fp8-tensor points tuned again at 7f72fbb,
+# whose GEMM1 gives h's per-tensor quantization its tile maxima, and the nine points of 16-64 slots per expert
+# tuned again at b71c20a, whose tuner tries the tiles that hold a busy expert's slots in one row tile.
 REPORT_RUNS = tuple("results/h200-kernels-" + run for run in (
     "6be41bd", "6be41bd-ds4096", "1fd6e45/*-*", "1694d9e/*-*", "b7f19ac/*-*", "93e00f1/*-*", "d02c38f/*-*",
     "31c76a7/*-*", "0bd199d/*-*", "3869705/*-*", "2c1f5bd/*-*", "92ac413/*-*", "5535446/*-decode",
     "3e7870e/*-decode", "890f8be/deepseek-v3-tp8", "890f8be/qwen3-30b-a3b", "890f8be/mixtral-8x7b",
-    "890f8be/tail-first/*", "7f72fbb/*-*"))
+    "890f8be/tail-first/*", "7f72fbb/*-*", "b71c20a/*"))
 
 
 def best_rows(*run_globs: str) -> dict[tuple[str, str, int], dict]:
