@@ -169,13 +169,13 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
     for c in [c for c in out.values() if _tries_preload(c, spec)]:
         preload = replace(c, gemm2_preload=True)
         out.setdefault(preload.key(), preload)
-    for c in [c for c in out.values() if _tries_tail(c, spec, per_expert)]:
+    for c in [c for c in out.values() if _tries_tail(c, spec)]:
         tail = replace(c, tail_tiles=1)
         out.setdefault(tail.key(), tail)
     return list(out.values())
 
 
-def _tries_tail(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> bool:
+def _tries_tail(cfg: TileConfig, spec: DtypeSpec) -> bool:
     """Whether to try an expert's last row tile at half the rows where its slots fit (``tail_tiles`` = 1).
     With uniform routing the align pads 8-48% more rows at the points of M >= 1024, at their best tiles; a
     balanced routing with none padded made those points 1.09-1.19x faster on an H200 (results/h200-session16,
@@ -183,8 +183,10 @@ def _tries_tail(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> bool:
     (ab-tail-*.jsonl there) half tails took 0.956x the time at Mixtral bf16 M=1024 and 0.986-0.995x at the
     bf16 points of M=4096 (tiles of 128 rows), 1.02x at 64-row bf16 tiles and 1.00-1.08x at fp8; quarter
     tails (``tail_tiles`` = 2) 0.99-1.09x. Tuned (results/h200-kernels-890f8be), the best config of Qwen3
-    bf16 M=4096 has them (1.054x faster than without) and Mixtral bf16's best do not."""
-    return not spec.is_fp8 and cfg.BLOCK_SIZE_M == 128 and per_expert > MID_MAX and not cfg.direct_route
+    bf16 M=4096 has them (1.054x faster than without) and Mixtral bf16's best do not. Since 128-row tiles are
+    tried where a busy expert's slots fit in one (``_shapes``: 64 per expert), about half the experts' one tile
+    there holds at most 64 slots, so tails are tried at those points too."""
+    return not spec.is_fp8 and cfg.BLOCK_SIZE_M == 128 and not cfg.direct_route
 
 
 def _tries_preload(cfg: TileConfig, spec: DtypeSpec) -> bool:

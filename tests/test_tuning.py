@@ -238,11 +238,12 @@ def test_gemm2_preload_tried_with_a_tile_per_slot_at_fp8_only():
     assert any(c.gemm2_preload for c in candidates(Problem(get_model("mixtral-8x7b"), 1, "fp8-tensor")))
 
 
-def test_tail_tiles_tried_at_bf16_prefill_tiles_of_128_rows_only():
-    """Half-height tail tiles are tried beside every bf16 prefill candidate of 128 rows, and nowhere else (not
-    at fp8, not at 64-row tiles, not at decode)."""
+@pytest.mark.parametrize("m", [256, 1024])  # 64 and 256 slots per expert
+def test_tail_tiles_tried_at_bf16_tiles_of_128_rows_only(m):
+    """Half-height tail tiles are tried beside every bf16 candidate of 128 rows, and nowhere else (not at fp8,
+    not at 64-row tiles, not at decode)."""
     mixtral = get_model("mixtral-8x7b")
-    cands = candidates(Problem(mixtral, 1024, "bf16"))
+    cands = candidates(Problem(mixtral, m, "bf16"))
     tried = [c for c in cands if c.tail_tiles]
     assert tried and all(c.tail_tiles == 1 for c in tried)
     assert {replace(c, tail_tiles=0).key() for c in tried} == {
