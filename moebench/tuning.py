@@ -65,9 +65,14 @@ def _shapes(per_expert: float) -> tuple[TileConfig, ...]:
     1.013x; at DeepSeek-V3@tp8 M=1024 (32, busy 43) the mid class's tiles gained nothing; the decode points
     of at most 4 per expert gained nothing from the next class (results/h200-session21). Above 128 no tile
     holds a busy expert, so nothing is added."""
-    busy = per_expert + 2 * per_expert**0.5
-    holding = next((shapes for height, shapes in _HEIGHTS if busy <= height), ())
+    holding = next((shapes for height, shapes in _HEIGHTS if _busy(per_expert) <= height), ())
     return tuple(dict.fromkeys(_classes(per_expert) + holding))
+
+
+def _busy(per_expert: float) -> float:
+    """The slots of a busy expert under uniform routing: the average plus two standard deviations (about 1
+    expert in 40 gets more)."""
+    return per_expert + 2 * per_expert**0.5
 
 
 def split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
@@ -169,13 +174,13 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> l
     for c in [c for c in out.values() if _tries_preload(c, spec)]:
         preload = replace(c, gemm2_preload=True)
         out.setdefault(preload.key(), preload)
-    for c in [c for c in out.values() if _tries_tail(c, spec)]:
+    for c in [c for c in out.values() if _tries_tail(c, spec, per_expert)]:
         tail = replace(c, tail_tiles=1)
         out.setdefault(tail.key(), tail)
     return list(out.values())
 
 
-def _tries_tail(cfg: TileConfig, spec: DtypeSpec) -> bool:
+def _tries_tail(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> bool:
     """Whether to try an expert's last row tile at half the rows where its slots fit (``tail_tiles`` = 1).
     With uniform routing the align pads 8-48% more rows at the points of M >= 1024, at their best tiles; a
     balanced routing with none padded made those points 1.09-1.19x faster on an H200 (results/h200-session16,
@@ -183,10 +188,17 @@ def _tries_tail(cfg: TileConfig, spec: DtypeSpec) -> bool:
     (ab-tail-*.jsonl there) half tails took 0.956x the time at Mixtral bf16 M=1024 and 0.986-0.995x at the
     bf16 points of M=4096 (tiles of 128 rows), 1.02x at 64-row bf16 tiles and 1.00-1.08x at fp8; quarter
     tails (``tail_tiles`` = 2) 0.99-1.09x. Tuned (results/h200-kernels-890f8be), the best config of Qwen3
-    bf16 M=4096 has them (1.054x faster than without) and Mixtral bf16's best do not. Since 128-row tiles are
-    tried where a busy expert's slots fit in one (``_shapes``: 64 per expert), about half the experts' one tile
-    there holds at most 64 slots, so tails are tried at those points too."""
-    return not spec.is_fp8 and cfg.BLOCK_SIZE_M == 128 and not cfg.direct_route
+    bf16 M=4096 has them (1.054x faster than without) and Mixtral bf16's best do not.
+
+    Where a 128-row tile holds a busy expert's slots (``_shapes``: 64 per expert) about half the experts' one
+    tile holds at most 64 slots, so a tail is no longer only an expert's last tile of several. There, tuned on
+    an H200 (results/h200-session21), half tails made the 128x128 tile 1.031x faster at Mixtral bf16 M=256,
+    1.027x at Qwen3 bf16 M=1024 and 1.025x at Mixtral fp8-tensor M=256 (each point's fastest config then);
+    at Qwen3 fp8-block128 M=1024 the 128-row tiles with them stayed 1.09x slower than 64-row ones, so tails
+    are tried at fp8 only there, and not at fp8-block128."""
+    if cfg.BLOCK_SIZE_M != 128 or cfg.direct_route:
+        return False
+    return not spec.is_fp8 or (spec.fp8_scheme != "block128" and _busy(per_expert) <= 128)
 
 
 def _tries_preload(cfg: TileConfig, spec: DtypeSpec) -> bool:

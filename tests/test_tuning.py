@@ -238,15 +238,21 @@ def test_gemm2_preload_tried_with_a_tile_per_slot_at_fp8_only():
     assert any(c.gemm2_preload for c in candidates(Problem(get_model("mixtral-8x7b"), 1, "fp8-tensor")))
 
 
-@pytest.mark.parametrize("m", [256, 1024])  # 64 and 256 slots per expert
-def test_tail_tiles_tried_at_bf16_tiles_of_128_rows_only(m):
-    """Half-height tail tiles are tried beside every bf16 candidate of 128 rows, and nowhere else (not at fp8,
-    not at 64-row tiles, not at decode)."""
-    mixtral = get_model("mixtral-8x7b")
-    cands = candidates(Problem(mixtral, m, "bf16"))
+@pytest.mark.parametrize("model, m, dtype", [
+    ("mixtral-8x7b", 256, "bf16"), ("mixtral-8x7b", 1024, "bf16"),  # 64 and 256 slots per expert
+    ("mixtral-8x7b", 256, "fp8-tensor"),  # at fp8 where a 128-row tile holds a busy expert
+])
+def test_tail_tiles_tried_beside_every_candidate_of_128_rows(model, m, dtype):
+    cands = candidates(Problem(get_model(model), m, dtype))
     tried = [c for c in cands if c.tail_tiles]
     assert tried and all(c.tail_tiles == 1 for c in tried)
     assert {replace(c, tail_tiles=0).key() for c in tried} == {
         c.key() for c in cands if c.BLOCK_SIZE_M == 128 and not c.tail_tiles}
-    assert not any(c.tail_tiles for c in candidates(Problem(mixtral, 1024, "fp8-tensor")))
-    assert not any(c.tail_tiles for c in candidates(Problem(mixtral, 16, "bf16")))
+
+
+def test_tail_tiles_not_tried_at_fp8_prefill_block128_or_decode():
+    """Not at fp8 where an expert takes several 128-row tiles, not at fp8-block128, not at 16-row tiles."""
+    mixtral, qwen3 = get_model("mixtral-8x7b"), get_model("qwen3-30b-a3b")
+    for problem in (Problem(mixtral, 1024, "fp8-tensor"), Problem(qwen3, 1024, "fp8-block128"),
+                    Problem(mixtral, 16, "bf16")):
+        assert not any(c.tail_tiles for c in candidates(problem))
