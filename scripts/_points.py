@@ -26,12 +26,13 @@ BENCHMARK_RUN = "results/h200-kernels-bab17e1/*"  # the tuned run whose best con
 # fp8-block128 decode points tuned again at 3e7870e with gemm2_preload among the candidates, the whole
 # benchmark tuned again at 890f8be with tail tiles among them, the fp8-tensor points tuned again at 7f72fbb,
 # whose GEMM1 gives h's per-tensor quantization its tile maxima, and the nine points of 16-64 slots per expert
-# tuned again at b71c20a, whose tuner tries the tiles that hold a busy expert's slots in one row tile.
+# tuned again at b71c20a, whose tuner tries the tiles that hold a busy expert's slots in one row tile, and the
+# three points of 64 slots per expert tuned again at 93dc62d, whose tuner tries tail tiles there.
 REPORT_RUNS = tuple("results/h200-kernels-" + run for run in (
     "6be41bd", "6be41bd-ds4096", "1fd6e45/*-*", "1694d9e/*-*", "b7f19ac/*-*", "93e00f1/*-*", "d02c38f/*-*",
     "31c76a7/*-*", "0bd199d/*-*", "3869705/*-*", "2c1f5bd/*-*", "92ac413/*-*", "5535446/*-decode",
     "3e7870e/*-decode", "890f8be/deepseek-v3-tp8", "890f8be/qwen3-30b-a3b", "890f8be/mixtral-8x7b",
-    "890f8be/tail-first/*", "7f72fbb/*-*", "b71c20a/*"))
+    "890f8be/tail-first/*", "7f72fbb/*-*", "b71c20a/*-*", "93dc62d/*-*"))
 
 
 def best_rows(*run_globs: str) -> dict[tuple[str, str, int], dict]:
