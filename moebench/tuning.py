@@ -50,6 +50,12 @@ def _classes(per_expert: float) -> tuple[TileConfig, ...]:
     return _LARGE
 
 
+def _busy(per_expert: float) -> float:
+    """The slots of a busy expert under uniform routing: the average plus two standard deviations (about 1
+    expert in 40 gets more)."""
+    return per_expert + 2 * per_expert**0.5
+
+
 # Each class with the row-tile height most of its shapes have, lowest first (``_shapes``).
 _HEIGHTS = ((16, _DECODE), (32, _SMALL), (64, _MID), (128, _LARGE))
 
@@ -67,12 +73,6 @@ def _shapes(per_expert: float) -> tuple[TileConfig, ...]:
     holds a busy expert, so nothing is added."""
     holding = next((shapes for height, shapes in _HEIGHTS if _busy(per_expert) <= height), ())
     return tuple(dict.fromkeys(_classes(per_expert) + holding))
-
-
-def _busy(per_expert: float) -> float:
-    """The slots of a busy expert under uniform routing: the average plus two standard deviations (about 1
-    expert in 40 gets more)."""
-    return per_expert + 2 * per_expert**0.5
 
 
 def split_for(problem: Problem, cfg: TileConfig, sms: int = SMS) -> int:
@@ -123,15 +123,16 @@ def _for_dtype(base: TileConfig, spec: DtypeSpec) -> TileConfig:
 
 
 def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True)) -> list[TileConfig]:
-    """Distinct configs to try for ``problem``: the class's shapes (and a busy expert's class's) x Swap-AB x the top-k sum's forms
-    (x a split-K variant where GEMM1's grid is small, and one of GEMM2 with the atomic sums where its grid is,
-    x 8 row tiles per group where experts often take two row tiles, x a tile per slot with no align step
-    where slots are few against experts, x a wider GEMM2 tile at prefill, x GEMM2 programs walking 8 column
-    tiles, or 4 at decode, where GEMM2 has at most two K steps (4 at prefill with up to 8), x GEMM1 as one
-    merged MMA per K step for 8-warp tiles, x GEMM1 quantizing x itself with a tile per slot at
-    fp8-block128, x GEMM1 reading its weights by TMA at fp8 with the align step, x GEMM2 taking its column
+    """Distinct configs to try for ``problem``: the class's shapes (and a busy expert's class's) x Swap-AB x
+    the top-k sum's forms (x a split-K variant where GEMM1's grid is small, and one of GEMM2 with the atomic
+    sums where its grid is, x 8 row tiles per group where experts often take two row tiles, x a tile per slot
+    with no align step where slots are few against experts, x a wider GEMM2 tile at prefill, x GEMM2 programs
+    walking 8 column tiles, or 4 at decode, where GEMM2 has at most two K steps (4 at prefill with up to 8),
+    x GEMM1 as one merged MMA per K step for 8-warp tiles, x GEMM1 quantizing x itself with a tile per slot
+    at fp8-block128, x GEMM1 reading its weights by TMA at fp8 with the align step, x GEMM2 taking its column
     chunks one after another where the atomic sum is larger than L2, x GEMM2 reading weights before it waits
-    with a tile per slot at fp8, x half-height tail tiles at bf16 prefill), fitted to shared memory."""
+    with a tile per slot at fp8, x half-height tail tiles at 128-row tiles of bf16, and of fp8 where one holds
+    a busy expert), fitted to shared memory."""
     s, spec = problem.shape, problem.spec
     per_expert = problem.M * s.topk / s.experts
     # A tile per slot reads an expert's weights once per slot routed to it, so only where few slots share

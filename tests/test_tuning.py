@@ -243,6 +243,7 @@ def test_gemm2_preload_tried_with_a_tile_per_slot_at_fp8_only():
     ("mixtral-8x7b", 256, "fp8-tensor"),  # at fp8 where a 128-row tile holds a busy expert
 ])
 def test_tail_tiles_tried_beside_every_candidate_of_128_rows(model, m, dtype):
+    """Half-height tail tiles beside each candidate of 128 rows, at no other height."""
     cands = candidates(Problem(get_model(model), m, dtype))
     tried = [c for c in cands if c.tail_tiles]
     assert tried and all(c.tail_tiles == 1 for c in tried)
