@@ -145,18 +145,29 @@ def fit_stages(cfg: TileConfig, elem_bytes: int) -> TileConfig:
     return cfg
 
 
+def busy_slots(per_expert: float) -> float:
+    """The slots of a busy expert under uniform routing, for ``per_expert`` on average: about binomial, so the
+    average plus two standard deviations (about its square root each); about 1 expert in 40 gets more."""
+    return per_expert + 2 * per_expert**0.5
+
+
 def default_config(M: int, experts: int, topk: int, elem_bytes: int = 2, block_k: int | None = None) -> TileConfig:
     """A reasonable untuned tile for ``M`` tokens: small token tiles at decode, large at prefill.
 
-    The tile height follows the average number of token slots per expert
-    (``M * topk / experts``): padding each expert to a tall tile wastes the
-    tensor core when experts see few tokens. ``block_k`` pins BLOCK_SIZE_K
-    (128 for 128x128 block-scaled fp8).
+    The tile height follows the number of token slots per expert (``M * topk / experts``): padding each expert
+    to a tall tile wastes the tensor core when experts see few tokens. Up to 32 rows it is the lowest that
+    holds a busy expert's slots (``busy_slots``) in one row tile, so most experts take one tile: on an H200
+    (these configs' rows in the tuned run of results/h200-kernels-b71c20a) 32 rows at 16 slots per expert
+    took 0.77-0.94x the time of 16 at Mixtral M=64 and Qwen3 bf16 M=256 (1.02x at Qwen3 fp8-block128), and
+    64 rows at DeepSeek-V3@tp8 M=1024 (32 per expert) 0.82x that of 32. At 64 per expert, 128-row tiles
+    took 0.97-1.08x the time of 64-row ones at bf16 and fp8-tensor and 1.37x at fp8-block128, so taller
+    tiles follow the average. ``block_k`` pins BLOCK_SIZE_K (128 for 128x128
+    block-scaled fp8).
     """
     per_expert = M * topk / experts
-    if per_expert <= 16:
+    if busy_slots(per_expert) <= 16:
         cfg = TileConfig(16, 64, 128, 1, 4, 4)
-    elif per_expert <= 32:
+    elif busy_slots(per_expert) <= 32:
         cfg = TileConfig(32, 64, 128, 1, 4, 4)
     elif per_expert <= 96:
         cfg = TileConfig(64, 64, 64, 8, 4, 4)

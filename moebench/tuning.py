@@ -21,7 +21,7 @@ import torch
 from moebench._interpret import interpreting
 from moebench.dtypes import DtypeSpec
 from moebench.problem import Problem
-from moebench.tile import TileConfig, fit_stages, tma_rows
+from moebench.tile import TileConfig, busy_slots, fit_stages, tma_rows
 
 T = TileConfig
 SMS = 132  # H100/H200 SXM multiprocessors: the grid size split-K aims to fill
@@ -50,28 +50,20 @@ def _classes(per_expert: float) -> tuple[TileConfig, ...]:
     return _LARGE
 
 
-def _busy(per_expert: float) -> float:
-    """The slots of a busy expert under uniform routing: the average plus two standard deviations (about 1
-    expert in 40 gets more)."""
-    return per_expert + 2 * per_expert**0.5
-
-
 # Each class with the row-tile height most of its shapes have, lowest first (``_shapes``).
 _HEIGHTS = ((16, _DECODE), (32, _SMALL), (64, _MID), (128, _LARGE))
 
 
 def _shapes(per_expert: float) -> tuple[TileConfig, ...]:
     """The class shapes to try: those of the average slots per expert and, where another class's tiles are
-    the lowest that hold a busy expert's slots in one row tile, those too. With uniform routing an expert's
-    slots are about binomial, mean ``per_expert`` and standard deviation about its square root, so about 1
-    expert in 40 gets more than ``busy = per_expert + 2 * sqrt(per_expert)``. At 16 per expert (Mixtral
-    M=64, Qwen3 M=256; busy 24) about 43% of the experts take a second 16-row tile; tuned on an H200 with
-    the small class's tiles too, 32-row tiles made those points 1.04-1.19x faster. At 64 (Mixtral M=256,
+    the lowest that hold a busy expert's slots (``tile.busy_slots``) in one row tile, those too. At 16 per
+    expert (Mixtral M=64, Qwen3 M=256; busy 24) about 43% of the experts take a second 16-row tile; tuned on
+    an H200 with the small class's tiles too, 32-row tiles made those points 1.04-1.19x faster. At 64 (Mixtral M=256,
     Qwen3 M=1024; busy 80) the prefill class's 128x128 tile made Mixtral 1.025-1.042x faster and Qwen3 bf16
     1.013x; at DeepSeek-V3@tp8 M=1024 (32, busy 43) the mid class's tiles gained nothing; the decode points
     of at most 4 per expert gained nothing from the next class (results/h200-session21). Above 128 no tile
     holds a busy expert, so nothing is added."""
-    holding = next((shapes for height, shapes in _HEIGHTS if _busy(per_expert) <= height), ())
+    holding = next((shapes for height, shapes in _HEIGHTS if busy_slots(per_expert) <= height), ())
     return tuple(dict.fromkeys(_classes(per_expert) + holding))
 
 
@@ -199,7 +191,7 @@ def _tries_tail(cfg: TileConfig, spec: DtypeSpec, per_expert: float) -> bool:
     are tried at fp8 only there, and not at fp8-block128."""
     if cfg.BLOCK_SIZE_M != 128 or cfg.direct_route:
         return False
-    return not spec.is_fp8 or (spec.fp8_scheme != "block128" and _busy(per_expert) <= 128)
+    return not spec.is_fp8 or (spec.fp8_scheme != "block128" and busy_slots(per_expert) <= 128)
 
 
 def _tries_preload(cfg: TileConfig, spec: DtypeSpec) -> bool:

@@ -8,7 +8,7 @@ import pytest
 
 from moebench.models import get_model, shard
 from moebench.problem import Problem
-from moebench.tile import SMEM_LIMIT, smem_bytes
+from moebench.tile import SMEM_LIMIT, default_config, smem_bytes
 from moebench.tuning import candidates
 
 POINTS = [
@@ -53,6 +53,13 @@ def test_the_lowest_tiles_holding_a_busy_expert_are_tried_beside_the_average_one
     at64 = {(c.BLOCK_SIZE_M, c.BLOCK_SIZE_N, c.num_warps) for c in candidates(Problem(shape, 256, "bf16"))}
     assert {(128, 128, 8), (64, 64, 4)} <= at64
     assert heights(1024) == {64, 128}  # the prefill class's alone
+
+
+def test_default_tile_holds_a_busy_expert_up_to_64_rows():
+    """The untuned tile: 16 rows where a busy expert fits (8 slots per expert on average), 32 at 16 per
+    expert (a busy one gets about 24), 64 at 32 per expert; taller follows the average (128 above 96)."""
+    heights = {per_expert: default_config(per_expert * 8, 8, 1).BLOCK_SIZE_M for per_expert in (8, 16, 32, 64, 128)}
+    assert heights == {8: 16, 16: 32, 32: 64, 64: 64, 128: 128}
 
 
 def test_every_class_tries_the_three_forms_of_the_topk_sum(monkeypatch):
