@@ -161,13 +161,13 @@ def default_config(M: int, experts: int, topk: int, elem_bytes: int = 2, block_k
     took 0.77-0.94x the time of 16 at Mixtral M=64 and Qwen3 bf16 M=256 (1.02x at Qwen3 fp8-block128), and
     64 rows at DeepSeek-V3@tp8 M=1024 (32 per expert) 0.82x that of 32. At 64 per expert, 128-row tiles
     took 0.97-1.08x the time of 64-row ones at bf16 and fp8-tensor and 1.37x at fp8-block128, so taller
-    tiles follow the average. ``block_k`` pins BLOCK_SIZE_K (128 for 128x128
-    block-scaled fp8).
+    tiles follow the average. ``block_k`` pins BLOCK_SIZE_K (128 for 128x128 block-scaled fp8).
     """
     per_expert = M * topk / experts
-    if busy_slots(per_expert) <= 16:
+    busy = busy_slots(per_expert)
+    if busy <= 16:
         cfg = TileConfig(16, 64, 128, 1, 4, 4)
-    elif busy_slots(per_expert) <= 32:
+    elif busy <= 32:
         cfg = TileConfig(32, 64, 128, 1, 4, 4)
     elif per_expert <= 96:
         cfg = TileConfig(64, 64, 64, 8, 4, 4)
