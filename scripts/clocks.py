@@ -52,7 +52,7 @@ def main() -> None:
               lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16))]
     best = best_rows(*REPORT_RUNS)
     for model, dtype, m in POINTS:
-        problem, inp, _, out = point_setup(model, dtype, m)
+        _, inp, _, out = point_setup(model, dtype, m)
         cfg = TileConfig.from_dict(best[(model, dtype, m)]["config"])
         cases.append((f"{model} {dtype} M={m}", None, layer(kernels, inp, cfg, out)))
     samples = []  # (host time, MHz, W)

@@ -147,11 +147,16 @@ def run_gluon(a, b, a_s, b_s, c, block_m, block_n, warps, stages, overlap):
                                          STAGES=stages, OVERLAP=overlap, num_warps=warps)
 
 
+def cublas_plain(a, b):
+    """torch._scaled_mm with unit row and column scales (cuBLAS): the same fp8 product without block scales."""
+    ones_m, ones_n = torch.ones(a.shape[0], 1, device="cuda"), torch.ones(1, b.shape[0], device="cuda")
+    return lambda: torch._scaled_mm(a, b.T, ones_m, ones_n, out_dtype=torch.bfloat16)
+
+
 def run_cublas(a, b, c):
-    """torch._scaled_mm with unit row and column scales (cuBLAS), its result copied into c."""
-    ones_m = torch.ones(a.shape[0], 1, device="cuda")
-    ones_n = torch.ones(1, b.shape[0], device="cuda")
-    return lambda: c.copy_(torch._scaled_mm(a, b.T, ones_m, ones_n, out_dtype=torch.bfloat16))
+    """``cublas_plain``, its result copied into c."""
+    fn = cublas_plain(a, b)
+    return lambda: c.copy_(fn())
 
 
 def block128_inputs(M: int, N: int, K: int, gen: torch.Generator):

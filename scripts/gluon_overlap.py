@@ -284,12 +284,6 @@ def cublas_block(a, b, a_s, b_s):
     return None
 
 
-def cublas_plain(a, b):
-    """torch._scaled_mm with unit row and column scales (cuBLAS): the same fp8 product without block scales."""
-    ones_m, ones_n = torch.ones(a.shape[0], 1, device="cuda"), torch.ones(1, b.shape[0], device="cuda")
-    return lambda: torch._scaled_mm(a, b.T, ones_m, ones_n, out_dtype=torch.bfloat16)
-
-
 def _tile_label(tile, forms) -> str:
     block_m, block_n, warps, stages = tile
     return f"{block_m}x{block_n}x128 {'ws' if forms == WS_FORMS else f'w{warps}'} s{stages}"
@@ -352,7 +346,7 @@ def main() -> None:
         a, b, a_s, b_s, ref, plain = s10.block128_inputs(M, N, K, gen)
         c = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
         row = dict(M=M, N=N, K=K, tile="cublas", fp8_tflops=round(ceilings.fp8_tflops))
-        cublas = {"cublas_block": cublas_block(a, b, a_s, b_s), "cublas_plain": cublas_plain(a, b)}
+        cublas = {"cublas_block": cublas_block(a, b, a_s, b_s), "cublas_plain": s10.cublas_plain(a, b)}
         for name, fn in cublas.items():  # checked with the copy into c, then timed without it as well
             if fn is None:
                 row[f"{name}_error"] = "this torch has no 1x128/128x128 block-scaled _scaled_mm"

@@ -14,7 +14,8 @@ import moebench.tuning as tuning
 from moebench.cli import main
 
 _OWN = tuning._shapes
-_NEXT = {tuning._DECODE: tuning._SMALL, tuning._SMALL: tuning._MID, tuning._MID: tuning._LARGE, tuning._LARGE: ()}
+_ORDER = [shapes for _, shapes in tuning._HEIGHTS]  # the classes, lowest tiles first
+_NEXT = dict(zip(_ORDER, _ORDER[1:] + [()]))
 
 
 def _with_next(per_expert: float) -> tuple[tuning.TileConfig, ...]:
