@@ -2,7 +2,7 @@
 read the hardware counters of its GEMMs. The config is the point's best of the given run folders, or a
 tile config given as JSON; it is printed with the layer's relative error against the float32 reference.
 
-    ncu --clock-control none -k regex:_gemm -s 2 -c 2 --section SpeedOfLight ... \\
+    ncu --clock-control none -k regex:^_gemm -s 2 -c 2 --section SpeedOfLight ... \\
         python3 scripts/ncu_point.py deepseek-v3@tp8 fp8-block128 4096 'results/h200-kernels-cb3a072/*/'
     ncu ... python3 scripts/ncu_point.py qwen3-30b-a3b fp8-block128 4096 '{"BLOCK_SIZE_M": 64, ...}'
 """
