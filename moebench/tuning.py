@@ -63,7 +63,8 @@ def _shapes(per_expert: float) -> tuple[TileConfig, ...]:
     1.013x; at DeepSeek-V3@tp8 M=1024 (32, busy 43) the mid class's tiles gained nothing; the decode points
     of at most 4 per expert gained nothing from the next class (results/h200-session21). Above 128 no tile
     holds a busy expert, so nothing is added."""
-    holding = next((shapes for height, shapes in _HEIGHTS if busy_slots(per_expert) <= height), ())
+    busy = busy_slots(per_expert)
+    holding = next((shapes for height, shapes in _HEIGHTS if busy <= height), ())
     return tuple(dict.fromkeys(_classes(per_expert) + holding))
 
 
