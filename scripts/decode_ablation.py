@@ -5,12 +5,14 @@ the output wrong, so only the full layer is checked against the float32 referenc
 much a fused form could gain at most, not what it gains. CUDA-graph replay, L2 flushed, median us, twice
 interleaved.
 
-    PYTHONPATH=$PWD python3 scripts/decode_ablation.py > rows.jsonl
+    PYTHONPATH=$PWD python3 scripts/decode_ablation.py > rows.jsonl                 # session 9's best configs
+    PYTHONPATH=$PWD python3 scripts/decode_ablation.py --report-runs > rows.jsonl   # those of REPORT_RUNS
 """
 
 import json
+import sys
 
-from _points import best_rows, checked_error, layer, point_setup
+from _points import REPORT_RUNS, best_rows, checked_error, layer, point_setup
 
 import moebench.kernels.fused_moe as kernels
 from moebench.tile import TileConfig
@@ -38,20 +40,22 @@ def variant(skip: set, inp) -> None:
     if "quantize_act" in skip and inp.weights.fp8_scheme:
         ahead = real["quantize_act"](inp.x, inp.weights.fp8_scheme)  # GEMM1's input, before the timed region
 
-        def quantize_x_ahead(x, scheme, static=None, pdl=False):
-            return ahead if x is inp.x else real["quantize_act"](x, scheme, static, pdl=pdl)
+        def quantize_x_ahead(x, scheme, static=None, **kwargs):
+            return ahead if x is inp.x else real["quantize_act"](x, scheme, static, **kwargs)
         kernels.quantize_act = quantize_x_ahead
 
 
 VARIANTS = {"full": set(), "no_xquant": {"quantize_act"}, "no_swiglu": {"_swiglu"}, "no_sum": {"_topk_sum"},
             "none": {"quantize_act", "_swiglu", "_topk_sum"}}
-best = best_rows("results/h200-kernels-6be41bd", "results/h200-kernels-1fd6e45/*-*")
+SESSION9_RUNS = ("results/h200-kernels-6be41bd", "results/h200-kernels-1fd6e45/*-*")
+best = best_rows(*(REPORT_RUNS if "--report-runs" in sys.argv else SESSION9_RUNS))
 for (model, dtype, m), r in sorted(best.items()):
     cfg = TileConfig.from_dict(r["config"])
     if not cfg.direct_route:
         continue
     problem, inp, ref, out = point_setup(model, dtype, m)
-    row = dict(point=f"{model} {dtype} M={m}", config=cfg.as_dict(), bench_us=round(r["time_us"], 1))
+    row = dict(point=f"{model} {dtype} M={m}", config=cfg.as_dict(), bench_us=round(r["time_us"], 1),
+               bench_floor_us=round(r["floor_us"], 2))
     variant(set(), inp)
     row["full_err"] = round(checked_error(layer(kernels, inp, cfg, out), out, ref), 5)
     for _ in range(2):
