@@ -62,23 +62,30 @@ def measure_ceilings(size: int = 8192, copy_bytes: int = 4 << 30) -> Ceilings:
     read_gbps = copy_bytes / (t * 1e-6) / 1e9
 
     flops = 2 * size**3
-    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=gen)
-    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=gen)
-    c = torch.empty_like(a)
-    t = time_graph(lambda: torch.mm(a, b, out=c), min_reps=10, max_reps=30)
+    bf16_mm, fp8_mm = ceiling_matmuls(size, gen)
+    t = time_graph(bf16_mm, min_reps=10, max_reps=30)
     bf16_tflops = flops / (t.median_us * 1e-6) / 1e12
 
     fp8_tflops = 0.0
     try:
-        a8 = a.to(torch.float8_e4m3fn)
-        b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()  # column-major, as _scaled_mm wants
-        one = torch.ones((), device="cuda", dtype=torch.float32)
-        t = time_graph(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16),
-                       min_reps=10, max_reps=30)
+        t = time_graph(fp8_mm, min_reps=10, max_reps=30)
         fp8_tflops = flops / (t.median_us * 1e-6) / 1e12
     except RuntimeError:  # no fp8 tensor cores (pre-sm89)
         pass
     return Ceilings(copy_gbps, read_gbps, bf16_tflops, fp8_tflops)
+
+
+def ceiling_matmuls(size: int, gen: torch.Generator | None = None):
+    """The two dense products whose rates are the matmul ceilings, each `2 * size**3` FLOPs on random data:
+    bf16 `torch.mm` and fp8 e4m3 `torch._scaled_mm` (unit scales) of [size, size] operands."""
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=gen)
+    c = torch.empty_like(a)
+    a8 = a.to(torch.float8_e4m3fn)
+    b8 = b.to(torch.float8_e4m3fn).t().contiguous().t()  # column-major, as _scaled_mm wants
+    one = torch.ones((), device="cuda", dtype=torch.float32)
+    return (lambda: torch.mm(a, b, out=c),
+            lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16))
 
 
 @dataclass(frozen=True)

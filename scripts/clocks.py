@@ -13,10 +13,10 @@ import subprocess
 import threading
 import time
 
-import torch
 from _points import REPORT_RUNS, best_rows, layer, point_setup
 
 import moebench.kernels.fused_moe as kernels
+from moebench.roofline import ceiling_matmuls
 from moebench.tile import TileConfig
 from moebench.timing import time_graph
 
@@ -42,14 +42,8 @@ def sampler(samples: list) -> subprocess.Popen:
 
 def main() -> None:
     size = 8192
-    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    c = torch.empty_like(a)
-    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t().contiguous().t()
-    one = torch.ones((), device="cuda")
-    cases = [("ceiling bf16 8192^3", 2 * size**3, lambda: torch.mm(a, b, out=c)),
-             ("ceiling fp8 8192^3", 2 * size**3,
-              lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16))]
+    bf16_mm, fp8_mm = ceiling_matmuls(size)
+    cases = [("ceiling bf16 8192^3", 2 * size**3, bf16_mm), ("ceiling fp8 8192^3", 2 * size**3, fp8_mm)]
     best = best_rows(*REPORT_RUNS)
     for model, dtype, m in POINTS:
         _, inp, _, out = point_setup(model, dtype, m)
