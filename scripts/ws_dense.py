@@ -44,9 +44,9 @@ TILES = [(64, 64, 128, 4, 4), (64, 128, 128, 4, 4), (128, 64, 128, 4, 4), (128, 
 
 
 @triton.jit
-def _dense(a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, stride_cm, stride_asm, stride_bsn,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-           SCALED: tl.constexpr, WS: tl.constexpr):
+def _dense(a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, a_ptr, rows_ptr, M, N, K, stride_cm, stride_asm,
+           stride_bsn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+           SCALED: tl.constexpr, WS: tl.constexpr, GATHER: tl.constexpr):
     pid = tl.program_id(0)
     n_m = tl.cdiv(M, BLOCK_M)
     n_n = tl.cdiv(N, BLOCK_N)
@@ -59,11 +59,18 @@ def _dense(a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, stride_cm, 
     off_n = pid_n * BLOCK_N
     offs_m = off_m + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    src_rows = offs_m  # [BLOCK_M]: the rows of A (and of its scales) this tile reads
+    if GATHER:  # A's rows by pointer loads through a row index, as the MoE GEMM1 gathers its tokens
+        src_rows = tl.load(rows_ptr + offs_m, mask=offs_m < M, other=0)
+        offs_k = tl.arange(0, BLOCK_K)
     for k in tl.range(0, tl.cdiv(K, BLOCK_K), warp_specialize=WS):
-        a = a_desc.load([off_m, k * BLOCK_K])  # [BLOCK_M, BLOCK_K]
+        if GATHER:
+            a = tl.load(a_ptr + src_rows[:, None].to(tl.int64) * K + k * BLOCK_K + offs_k[None, :])
+        else:
+            a = a_desc.load([off_m, k * BLOCK_K])  # [BLOCK_M, BLOCK_K]
         b = b_desc.load([off_n, k * BLOCK_K])  # [BLOCK_N, BLOCK_K]
         if SCALED:
-            a_s = tl.load(a_scale_ptr + offs_m * stride_asm + (k * BLOCK_K) // 128)  # [BLOCK_M]
+            a_s = tl.load(a_scale_ptr + src_rows * stride_asm + (k * BLOCK_K) // 128)  # [BLOCK_M]
             # one weight scale per tile: right for BLOCK_N <= 128 only (128x256 tiles fail their check)
             b_s = tl.load(b_scale_ptr + (off_n // 128) * stride_bsn + (k * BLOCK_K) // 128)  # scalar
             acc += tl.dot(a, b.T) * (a_s[:, None] * b_s)
@@ -74,7 +81,8 @@ def _dense(a_desc, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, M, N, K, stride_cm, 
     tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc.to(c_ptr.dtype.element_ty), mask=ok)
 
 
-def run_dense(a, b, a_s, b_s, tile, ws, scaled, poison=False):
+def run_dense(a, b, a_s, b_s, tile, ws, scaled, poison=False, rows=None):
+    """C = A . B^T; with ``rows`` (a permutation of A's rows), C's row i is A's row ``rows[i]`` times B^T."""
     M, K = a.shape
     N = b.shape[0]
     bm, bn, bk, warps, stages = tile
@@ -84,8 +92,9 @@ def run_dense(a, b, a_s, b_s, tile, ws, scaled, poison=False):
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
     b_desc = TensorDescriptor.from_tensor(b, [bn, bk])
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-    _dense[grid](a_desc, b_desc, c, a_s, b_s, M, N, K, c.stride(0), a_s.stride(0), b_s.stride(0),
-                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SCALED=scaled, WS=ws,
+    gather = rows is not None
+    _dense[grid](a_desc, b_desc, c, a_s, b_s, a, rows if gather else a_s, M, N, K, c.stride(0), a_s.stride(0),
+                 b_s.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SCALED=scaled, WS=ws, GATHER=gather,
                  num_warps=warps, num_stages=stages)
     return c
 
@@ -119,7 +128,7 @@ def torch_fn(a, b, form):
     return lambda: torch._scaled_mm(a, b.T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
 
-def compile_only():
+def compile_only(gather=False):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -128,8 +137,9 @@ def compile_only():
             for ws in (False, True):
                 sig = {n: "i32" for n in _dense.arg_names}
                 sig.update(a_desc=f"tensordesc<{dt}[{bm}, {bk}]>", b_desc=f"tensordesc<{dt}[{bn}, {bk}]>",
-                           c_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32")
-                c = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SCALED=form == "block128", WS=ws)
+                           c_ptr="*bf16", a_scale_ptr="*fp32", b_scale_ptr="*fp32", a_ptr=f"*{dt}", rows_ptr="*i32")
+                c = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SCALED=form == "block128", WS=ws,
+                         GATHER=gather)
                 for n in c:
                     sig[n] = "constexpr"
                 try:
@@ -153,9 +163,11 @@ def main():
     p.add_argument("--tile", default=None, help="BMxBNxBK-warps-stages, e.g. 128x128x128-4-3 (default: all)")
     p.add_argument("--ws", choices=("on", "off"), default=None, help="only with / without warp specialization")
     p.add_argument("--no-torch", action="store_true", help="skip torch's GEMM")
+    p.add_argument("--gather", action="store_true",
+                   help="load A's rows by pointers through a random permutation (as the MoE GEMM1), not by TMA")
     args = p.parse_args()
     if args.compile_only:
-        compile_only()
+        compile_only(args.gather)
         return
     peak = {"bf16": 790e12, "fp8": 1460e12, "block128": 1460e12}
     rows = []
@@ -171,6 +183,11 @@ def main():
             if args.form and form != args.form:
                 continue
             a, b, a_s, b_s, ref = inputs(M, N, K, form)
+            perm = None  # [M] int32: the row of A each row of C reads, with --gather
+            if args.gather:
+                perm = torch.randperm(M, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+                perm = perm.to(torch.int32)
+                ref = ref[perm.long()]
             flops = 2 * M * N * K
             if form != "block128" and not args.no_torch:
                 t = time_graph(torch_fn(a, b, form), min_reps=20, max_reps=20).median_us
@@ -181,10 +198,11 @@ def main():
                 for ws in (False, True) if tile[3] == 4 else (False,):
                     if args.ws and ws != (args.ws == "on"):
                         continue
-                    row = dict(shape=label, form=form, kernel="ws" if ws else "plain",
+                    row = dict(shape=label, form=form, kernel="ws" if ws else "plain", gather=args.gather,
+                               triton=triton.__version__,
                                tile="x".join(map(str, tile[:3])), warps=tile[3], stages=tile[4])
                     try:
-                        launch = functools.partial(run_dense, a, b, a_s, b_s, tile, ws, form == "block128")
+                        launch = functools.partial(run_dense, a, b, a_s, b_s, tile, ws, form == "block128", rows=perm)
                         c = launch(poison=True)
                         err = ((c.float() - ref).norm() / ref.norm()).item()
                         if not err < 2e-2:
