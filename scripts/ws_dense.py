@@ -15,7 +15,10 @@ On the H200 (triton 3.6; results/h200-session14) the warp-specialized kernels of
 (the runs reached their timeouts), and those of 64-row tiles ran at 0.5-0.7x the speed of the plain ones.
 
 Also ``--compile-only`` (no GPU: compiles for sm90 and counts ``setmaxnreg`` in the PTX, which the
-warp-specialized kernels use to give their producer warps fewer registers).
+warp-specialized kernels use to give their producer warps fewer registers), and ``--gather`` (A's rows by pointer
+loads through a random permutation, as the MoE GEMM1 reads its tokens, instead of by TMA). Under triton 3.9
+(results/h200-session26) the 64-row warp-specialized tiles still ran at 0.55-0.72x the speed of the plain ones,
+128-row 4-warp tiles did not compile with it, and with ``--gather`` no 4-warp tile did.
 """
 
 from __future__ import annotations
