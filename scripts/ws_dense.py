@@ -17,7 +17,7 @@ On the H200 (triton 3.6; results/h200-session14) the warp-specialized kernels of
 Also ``--compile-only`` (no GPU: compiles for sm90 and counts ``setmaxnreg`` in the PTX, which the
 warp-specialized kernels use to give their producer warps fewer registers), and ``--gather`` (A's rows by pointer
 loads through a random permutation, as the MoE GEMM1 reads its tokens, instead of by TMA). Under triton 3.9
-(results/h200-session26) the 64-row warp-specialized tiles still ran at 0.55-0.72x the speed of the plain ones,
+(results/h200-session26) the 64-row warp-specialized tiles still ran at 0.48-0.72x the speed of the plain ones,
 128-row 4-warp tiles did not compile with it, and with ``--gather`` no 4-warp tile did.
 """
 
