@@ -1,4 +1,4 @@
-"""What do GEMM1's gathered activation rows cost at fp8-block128 prefill? A dense bound, on a GPU.
+"""What do the MoE GEMMs' gathered activation rows cost at fp8-block128 prefill? Dense bounds, on a GPU.
 
 moebench's GEMM1 reads each tile's activation rows by pointer loads from x (a token's row for each of its
 slots, in the align step's order); a kernel whose rows were contiguous could read them by TMA. This script
@@ -11,14 +11,18 @@ scales applied at every K step (as moebench's fp8-block128 GEMMs do), 64-row til
   MoE kernels read): GEMM1 a token's row of x [slots / topk, K] per slot, GEMM2 a slot's row of h [slots, I];
 
 and B as one 128-row tile with one block scale (``one``), or as GEMM1's gate and up tiles of 64 rows each,
-two MMAs and two scales per K step (``pair``, as the MoE kernel at its 64x64 tiles). B always by TMA. Each
-variant checked against a float32 product, then timed (``moebench.timing.time_graph``).
+two MMAs and two scales per K step (``pair``, as the MoE kernel at its 64x64 tiles). B always by TMA. With
+``--cublas``, each shape also gets cuBLAS's GEMMs over the contiguous rows (``torch._scaled_mm``: with the 1x128
+and 128x128 scales, and without scales), its bf16 C in a tensor of its own. Each variant checked against a float32 product, then
+timed (``moebench.timing.time_graph``); the first line has the ceilings measured in the same run, of which the
+fp8 rate is the ``pct_fp8`` column's.
 
-    PYTHONPATH=$PWD python3 scripts/dense_gather.py > rows.jsonl
+    PYTHONPATH=$PWD python3 scripts/dense_gather.py [--shapes qwen3-gemm2,ds-gemm2] [--cublas] > rows.jsonl
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 
@@ -27,13 +31,15 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from gluon_block128 import cublas_plain  # scripts beside this one
+from gluon_overlap import cublas_block
+from moebench.roofline import measure_ceilings
 from moebench.timing import time_graph
 
 # (label, slots, N, K, topk): Qwen3 and DeepSeek-V3@tp8 GEMM1 (N = 2I) at M=4096, whose gathered rows are tokens'
-# (x [slots / topk, K]), and Qwen3 GEMM2 (topk None: N = hidden, K = I), whose gathered rows are slots' (h [slots, K]).
+# (x [slots / topk, K]), and their GEMM2 (topk None: N = hidden, K = I), whose gathered rows are slots' (h [slots, K]).
 SHAPES = [("qwen3-gemm1", 32768, 1536, 2048, 8), ("ds-gemm1", 32768, 512, 7168, 8),
-          ("qwen3-gemm2", 32768, 2048, 768, None)]
-FP8_RATE = 1490e12  # the fp8 ceiling of moebench's runs on an H200, for the percent column only
+          ("qwen3-gemm2", 32768, 2048, 768, None), ("ds-gemm2", 32768, 7168, 256, None)]
 
 
 @triton.jit
@@ -79,10 +85,34 @@ def _gemm(a_desc, a_ptr, rows_ptr, b_desc, c_ptr, a_scale_ptr, b_scale_ptr, M, N
         tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc_g.to(c_ptr.dtype.element_ty))
 
 
+def _timed(label: str, name: str, fn, c: torch.Tensor, ref: torch.Tensor, flops: int, fp8_rate: float,
+           returns: bool = False, **extra):
+    """Run ``fn`` into the NaN-filled ``c`` (or, ``returns``, take its result), check it against ``ref``, time it
+    and print a JSON row."""
+    c.fill_(float("nan"))
+    result = fn() if returns else (fn(), c)[1]
+    err = ((result.float() - ref).norm() / ref.norm()).item()
+    t = time_graph(fn, budget_s=0.3).median_us
+    print(json.dumps(dict(shape=label, a=name, **extra, err=round(err, 5), time_us=round(t, 1),
+                          tflops=round(flops / t / 1e6), pct_fp8=round(100 * flops / (t * 1e-6) / fp8_rate, 1))),
+          flush=True)
+
+
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default=",".join(s[0] for s in SHAPES), help="comma-separated labels of SHAPES")
+    p.add_argument("--cublas", action="store_true", help="also cuBLAS's GEMMs over the contiguous rows")
+    args = p.parse_args()
+    wanted = args.shapes.split(",")
+    unknown = sorted(set(wanted) - {s[0] for s in SHAPES})
+    if unknown:
+        p.error(f"unknown shapes {unknown}; known: {[s[0] for s in SHAPES]}")
+    ceilings = measure_ceilings()
+    print(json.dumps(dict(ceilings=ceilings.as_dict())), flush=True)
+    fp8_rate = ceilings.fp8_tflops * 1e12
     fp8 = torch.float8_e4m3fn
     g = torch.Generator(device="cuda").manual_seed(0)
-    for label, slots, N, K, topk in SHAPES:
+    for label, slots, N, K, topk in (s for s in SHAPES if s[0] in wanted):
         rows_of_x = slots // topk if topk else slots
         x = torch.randn(rows_of_x, K, device="cuda", generator=g)
         x_s = torch.rand(rows_of_x, K // 128, device="cuda", generator=g) + 0.5
@@ -96,12 +126,22 @@ def main() -> None:
         a_deq = gathered.float() * a_s.repeat_interleave(128, 1)
         ref = a_deq @ (b.float() * b_s.repeat_interleave(128, 0).repeat_interleave(128, 1)).T
         x8, ident = x.to(fp8), torch.arange(slots, device="cuda", dtype=torch.int32)
+        c = torch.empty(slots, N, device="cuda", dtype=torch.bfloat16)
+        if args.cublas:
+            plain_ref = gathered.float() @ b.float().T
+            block = cublas_block(gathered, b, a_s, b_s, ref)
+            if block is None:
+                print(json.dumps(dict(shape=label, a="cublas_block", error="no scale layout this torch takes gives "
+                                      "the float32 product")), flush=True)
+            else:
+                _timed(label, "cublas_block", block, c, ref, 2 * slots * N * K, fp8_rate, returns=True)
+            _timed(label, "cublas_plain", cublas_plain(gathered, b), c, plain_ref, 2 * slots * N * K, fp8_rate,
+                   returns=True)
         for stages in (3, 4):
             for pair in (False, True) if topk else (False,):
                 for form, name in enumerate(("tma", "ptr", "gather")):
                     bm, bn, bk = 64, 128, 128
                     a_src, rows, a_scale = (x8, tok, x_s) if form == 2 else (gathered, ident, a_s)
-                    c = torch.full((slots, N), float("nan"), device="cuda", dtype=torch.bfloat16)
                     a_desc = TensorDescriptor.from_tensor(gathered, [bm, bk])
                     b_desc = TensorDescriptor.from_tensor(b, [bn // 2 if pair else bn, bk])
 
@@ -109,13 +149,8 @@ def main() -> None:
                         _gemm[(slots // bm * (N // bn),)], a_desc, a_src, rows, b_desc, c, a_scale, b_s, slots, N, K,
                         a_src.stride(0), c.stride(0), a_scale.stride(0), b_s.stride(0), BLOCK_M=bm, BLOCK_N=bn,
                         BLOCK_K=bk, A_FORM=form, PAIR=pair, num_warps=4, num_stages=stages)
-                    launch()
-                    err = ((c.float() - ref).norm() / ref.norm()).item()
-                    t = time_graph(launch, budget_s=0.3).median_us
-                    flops = 2 * slots * N * K
-                    print(json.dumps(dict(shape=label, a=name, b="pair" if pair else "one", stages=stages,
-                                          err=round(err, 5), time_us=round(t, 1), tflops=round(flops / t / 1e6),
-                                          pct_fp8=round(100 * flops / (t * 1e-6) / FP8_RATE, 1))), flush=True)
+                    _timed(label, name, launch, c, ref, 2 * slots * N * K, fp8_rate, b="pair" if pair else "one",
+                           stages=stages)
 
 
 if __name__ == "__main__":
