@@ -13,9 +13,9 @@ scales applied at every K step (as moebench's fp8-block128 GEMMs do), 64-row til
 and B as one 128-row tile with one block scale (``one``), or as GEMM1's gate and up tiles of 64 rows each,
 two MMAs and two scales per K step (``pair``, as the MoE kernel at its 64x64 tiles). B always by TMA. With
 ``--cublas``, each shape also gets cuBLAS's GEMMs over the contiguous rows (``torch._scaled_mm``: with the 1x128
-and 128x128 scales, and without scales), its bf16 C in a tensor of its own. Each variant checked against a float32 product, then
-timed (``moebench.timing.time_graph``); the first line has the ceilings measured in the same run, of which the
-fp8 rate is the ``pct_fp8`` column's.
+and 128x128 scales, and without scales), its bf16 C in a tensor of its own. Each variant is checked against a
+float32 product, then timed (``moebench.timing.time_graph``); the first line has the ceilings measured in the
+same run, whose fp8 rate the ``pct_fp8`` column is of.
 
     PYTHONPATH=$PWD python3 scripts/dense_gather.py [--shapes qwen3-gemm2,ds-gemm2] [--cublas] > rows.jsonl
 """
