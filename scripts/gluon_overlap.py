@@ -69,13 +69,17 @@ TILES = [(64, 128, 4, 4), (128, 128, 8, 4), (64, 128, 4, 3)]
 # (OVERLAP, UNROLL) by row name: of ``_pair_gemm`` (gluon_pair*, at TILES) and ``_ws_gemm`` (gluon_ws*, 128x128
 # tiles at WS_STAGES)
 FORMS = {"gluon_pair_sync": (False, 2), "gluon_pair2": (True, 2), "gluon_pair4": (True, 4),
-         "gluon_ws_sync": (False, 2), "gluon_ws2": (True, 2), "gluon_ws4": (True, 4)}
+         "gluon_ws_sync": (False, 2), "gluon_ws2": (True, 2), "gluon_ws4": (True, 4),
+         "gluon_pws_sync": (False, 2), "gluon_pws4": (True, 4)}
 PAIR_FORMS = [f for f in FORMS if f.startswith("gluon_pair")]
 WS_FORMS = [f for f in FORMS if f.startswith("gluon_ws")]
+PWS_FORMS = [f for f in FORMS if f.startswith("gluon_pws")]  # _pws_gemm, the persistent _ws_gemm (--persistent)
 WS_STAGES = (4, 6)
 # what is compiled and timed: each tile (BLOCK_M, BLOCK_N, num_warps, STAGES) with its forms; the
 # warp-specialized tiles are 128x128 at num_warps 4 (the first consumer group; the kernel adds the other warps)
 RUNS = [(tile, PAIR_FORMS) for tile in TILES] + [((128, 128, 4, stages), WS_FORMS) for stages in WS_STAGES]
+# --persistent: the warp-specialized kernel as it is and made persistent, at the same tiles
+PERSISTENT_RUNS = [((128, 128, 4, stages), ["gluon_ws_sync", "gluon_ws4", *PWS_FORMS]) for stages in WS_STAGES]
 SHAPES = [(16384, 1536, 2048), (16384, 512, 7168)]  # Qwen3 and DeepSeek-V3@tp8 GEMM1 widths, as session 10
 
 
@@ -128,12 +132,12 @@ def _in_order(t):
 
 
 @gluon.jit
-def _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, ROW0: gl.constexpr, ROWS: gl.constexpr,
-          STAGES: gl.constexpr, OVERLAP: gl.constexpr, UNROLL: gl.constexpr, WS: gl.constexpr):
-    """C rows off_m + ROW0 .. + ROWS of the tile: sum over 128-wide K steps k of (A_k . B_k^T) * as[row, k] *
-    bs[n // 128, k], by the warps that run it (one warp group per 64 rows), from the buffers of ``ring``."""
+def _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, off_m, off_n, base, ROW0: gl.constexpr,
+          ROWS: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, UNROLL: gl.constexpr, WS: gl.constexpr):
+    """C rows off_m + ROW0 .. + ROWS of the tile at (off_m, off_n): sum over 128-wide K steps k of (A_k . B_k^T) *
+    as[row, k] * bs[n // 128, k], by the warps that run it (one warp group per 64 rows), from the buffers of
+    ``ring``, whose step ``base + k`` holds K step k (base > 0: a persistent program's later tiles)."""
     b_desc = ring[1]
-    off_m, off_n = ring[6], ring[7]
     BN: gl.constexpr = b_desc.block_type.shape[0]  # B is [N, K]; its tiles [BN, 128]
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[ROWS // 16, 1],
                                                   instr_shape=[16, BN, 32])
@@ -150,27 +154,27 @@ def _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, ROW0: gl.c
             # each MMA is issued before the previous one's product is waited for and scaled; no MMA is left
             # in flight across the loop's back edge, where ptxas would serialize them all (C7514)
             x_scale = _scale(a_scales, b_scales, row_ok, k0)
-            x = _mma_step(ring, k0, x, ROW0, STAGES)
+            x = _mma_step(ring, base + k0, x, ROW0, STAGES)
             for j in gl.static_range(1, UNROLL):
                 if j % 2 == 1:
                     y_scale = _scale(a_scales, b_scales, row_ok, k0 + j)
-                    y = _mma_step(ring, k0 + j, y, ROW0, STAGES)
+                    y = _mma_step(ring, base + k0 + j, y, ROW0, STAGES)
                     y, x = warpgroup_mma_wait(num_outstanding=1, deps=(y, x))
                     acc = _in_order(acc + x * x_scale[:, None])
                 else:
                     x_scale = _scale(a_scales, b_scales, row_ok, k0 + j)
-                    x = _mma_step(ring, k0 + j, x, ROW0, STAGES)
+                    x = _mma_step(ring, base + k0 + j, x, ROW0, STAGES)
                     x, y = warpgroup_mma_wait(num_outstanding=1, deps=(x, y))
                     acc = _in_order(acc + y * y_scale[:, None])
-                _step_done(ring, k0 + j - 1, k_steps, STAGES, WS)
+                _step_done(ring, base + k0 + j - 1, k_steps, STAGES, WS)
             y = warpgroup_mma_wait(num_outstanding=0, deps=(y, ))
             acc += y * y_scale[:, None]
-            _step_done(ring, k0 + UNROLL - 1, k_steps, STAGES, WS)
+            _step_done(ring, base + k0 + UNROLL - 1, k_steps, STAGES, WS)
         else:
             for j in gl.static_range(UNROLL):
-                x = _mma_step(ring, k0 + j, x, ROW0, STAGES)
+                x = _mma_step(ring, base + k0 + j, x, ROW0, STAGES)
                 x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
-                _step_done(ring, k0 + j, k_steps, STAGES, WS)
+                _step_done(ring, base + k0 + j, k_steps, STAGES, WS)
                 acc += x * _scale(a_scales, b_scales, row_ok, k0 + j)[:, None]
     cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))  # [BN]
     gl.store(c_ptr + rows[:, None] * N + cols[None, :], acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -204,8 +208,8 @@ def _pair_gemm(a_desc, b_desc, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride
     for i in gl.static_range(STAGES):
         _load_step(a_desc, b_desc, a_smem, b_smem, ready, off_m, off_n, i, K // 128, STAGES)
     ring = (a_desc, b_desc, a_smem, b_smem, ready, empty, off_m, off_n)
-    _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, 0, a_desc.block_type.shape[0], STAGES,
-          OVERLAP, UNROLL, False)
+    _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, off_m, off_n, 0, 0, a_desc.block_type.shape[0],
+          STAGES, OVERLAP, UNROLL, False)
 
 
 @gluon.jit
@@ -222,7 +226,8 @@ def _loader(ring, K, STAGES: gl.constexpr):
 def _consumer(ring, out, ROW0: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, UNROLL: gl.constexpr):
     """One 4-warp group's 64 rows of the tile; ``out`` holds _tile's scale and output arguments."""
     as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs = out
-    _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, ROW0, 64, STAGES, OVERLAP, UNROLL, True)
+    _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, ring[6], ring[7], 0, ROW0, 64, STAGES, OVERLAP,
+          UNROLL, True)
 
 
 _FIRST_ROWS = gl.constexpr(0)  # where each consumer group's 64 rows start in the 128-row tile
@@ -244,6 +249,62 @@ def _ws_gemm(a_desc, b_desc, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_b
                         (_loader, (ring, K, STAGES))], [4, 1], [232, 40])
 
 
+@gluon.jit
+def _tile_origin(t, N, BM: gl.constexpr, BN: gl.constexpr):
+    """(off_m, off_n) of tile t, the column tiles of a row of tiles one after another."""
+    n_tiles = N // BN
+    return (t // n_tiles) * BM, (t % n_tiles) * BN
+
+
+@gluon.jit
+def _p_loader(ring, M, N, K, STAGES: gl.constexpr):
+    """The persistent loading warp: every K step of the program's tiles (t = program, + programs, ...) into the
+    ring in turn, ring step i into buffer i % STAGES once both consumers are done with ring step i - STAGES, so
+    a tile's first steps load while the consumers still run the last tile's MMAs and store its output."""
+    a_desc, b_desc, a_smem, b_smem, ready, empty = ring[0], ring[1], ring[2], ring[3], ring[4], ring[5]
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BN: gl.constexpr = b_desc.block_type.shape[0]
+    k_steps = K // 128
+    i = 0
+    for t in range(gl.program_id(0), ((M + BM - 1) // BM) * (N // BN), gl.num_programs(0)):
+        off_m, off_n = _tile_origin(t, N, BM, BN)
+        for k in range(k_steps):
+            s = i % STAGES
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+            _tma_load(a_desc, [off_m, k * 128], ready.index(s), a_smem.index(s))
+            _tma_load(b_desc, [off_n, k * 128], ready.index(s), b_smem.index(s))
+            i += 1
+
+
+@gluon.jit
+def _p_consumer(ring, out, ROW0: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, UNROLL: gl.constexpr):
+    """One 4-warp group's 64 rows of each of the persistent program's tiles, in the loader's order."""
+    as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs = out
+    BM: gl.constexpr = ring[0].block_type.shape[0]
+    BN: gl.constexpr = ring[1].block_type.shape[0]
+    k_steps = K // 128
+    base = 0
+    for t in range(gl.program_id(0), ((M + BM - 1) // BM) * (N // BN), gl.num_programs(0)):
+        off_m, off_n = _tile_origin(t, N, BM, BN)
+        _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, off_m, off_n, base, ROW0, 64, STAGES,
+              OVERLAP, UNROLL, True)
+        base += k_steps
+
+
+@gluon.jit
+def _pws_gemm(a_desc, b_desc, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs,
+              STAGES: gl.constexpr, OVERLAP: gl.constexpr, UNROLL: gl.constexpr, num_warps: gl.constexpr):
+    """``_ws_gemm`` made persistent (a grid of one program per SM, each over every programs-th 128 x BN tile):
+    the loading warp runs ahead across tiles, so no tile waits for its first loads after the one before it."""
+    a_smem, b_smem, ready, empty = _ring(a_desc, b_desc, STAGES)
+    ring = (a_desc, b_desc, a_smem, b_smem, ready, empty, 0, 0)
+    out = (as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs)
+    gl.warp_specialize([(_p_consumer, (ring, out, _FIRST_ROWS, STAGES, OVERLAP, UNROLL)),
+                        (_p_consumer, (ring, out, _SECOND_ROWS, STAGES, OVERLAP, UNROLL)),
+                        (_p_loader, (ring, M, N, K, STAGES))], [4, 1], [232, 40])
+
+
 def _descs(a: torch.Tensor, b: torch.Tensor, block_m: int, block_n: int):
     """TMA descriptors of A [M, K] in [block_m, 128] tiles and B [N, K] in [block_n, 128] tiles (fp8)."""
     def desc(t, rows):
@@ -253,15 +314,18 @@ def _descs(a: torch.Tensor, b: torch.Tensor, block_m: int, block_n: int):
 
 
 def run_form(a, b, a_s, b_s, c, form, block_m, block_n, warps, stages):
-    """A launch of the Gluon kernel of row name ``form`` (``_ws_gemm`` for gluon_ws*, with 128-row tiles and
-    num_warps 4): a [M, K], b [N, K] fp8; a_s [M, K/128], b_s [N/128, K/128]; c [M, N] bf16."""
+    """A launch of the Gluon kernel of row name ``form`` (``_ws_gemm`` for gluon_ws*, ``_pws_gemm`` for
+    gluon_pws*, with 128-row tiles and num_warps 4): a [M, K], b [N, K] fp8; a_s [M, K/128], b_s [N/128, K/128];
+    c [M, N] bf16."""
     M, K = a.shape
     N = b.shape[0]
     overlap, unroll = FORMS[form]
     assert K % (128 * unroll) == 0 and N % block_n == 0, "K in whole loop iterations, N in whole tiles"
-    kernel = _ws_gemm if form in WS_FORMS else _pair_gemm
+    kernel = _pws_gemm if form in PWS_FORMS else _ws_gemm if form in WS_FORMS else _pair_gemm
     a_desc, b_desc = _descs(a, b, block_m, block_n)
     grid = (triton.cdiv(M, block_m), N // block_n)
+    if form in PWS_FORMS:  # a program per SM, or per tile where there are fewer
+        grid = (min(grid[0] * grid[1], torch.cuda.get_device_properties(a.device).multi_processor_count),)
     return lambda: kernel[grid](a_desc, b_desc, a_s, b_s, c, M, N, K, a_s.stride(0), b_s.stride(0),
                                 STAGES=stages, OVERLAP=overlap, UNROLL=unroll, num_warps=warps)
 
@@ -288,10 +352,10 @@ def cublas_block(a, b, a_s, b_s, ref=None):
 
 def _tile_label(tile, forms) -> str:
     block_m, block_n, warps, stages = tile
-    return f"{block_m}x{block_n}x128 {'ws' if forms == WS_FORMS else f'w{warps}'} s{stages}"
+    return f"{block_m}x{block_n}x128 {'ws' if forms != PAIR_FORMS else f'w{warps}'} s{stages}"
 
 
-def compile_only() -> None:
+def compile_only(runs) -> None:
     """Compile the Gluon kernels for sm90a; print each one's waits and whether ptxas serialized its MMAs."""
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
@@ -299,15 +363,15 @@ def compile_only() -> None:
     from triton.runtime.jit import mangle_type
 
     ptxas = get_ptxas(90).path  # the ptxas triton compiles sm90 with
-    for (block_m, block_n, warps, stages), forms in RUNS:
+    for (block_m, block_n, warps, stages), forms in runs:
         a = torch.empty(block_m, 256, dtype=torch.float8_e4m3fn)
         b = torch.empty(block_n, 256, dtype=torch.float8_e4m3fn)
         a_desc, b_desc = _descs(a, b, block_m, block_n)
         sig = dict(a_desc=mangle_type(a_desc), b_desc=mangle_type(b_desc), as_ptr="*fp32", bs_ptr="*fp32",
                    c_ptr="*bf16", M="i32", N="i32", K="i32", stride_as="i32", stride_bs="i32",
                    STAGES="constexpr", num_warps="constexpr")
-        kernels = [(name, _ws_gemm if name in WS_FORMS else _pair_gemm, dict(OVERLAP=FORMS[name][0],
-                                                                         UNROLL=FORMS[name][1])) for name in forms]
+        kernels = [(name, _pws_gemm if name in PWS_FORMS else _ws_gemm if name in WS_FORMS else _pair_gemm,
+                    dict(OVERLAP=FORMS[name][0], UNROLL=FORMS[name][1])) for name in forms]
         if forms == PAIR_FORMS:
             kernels += [(name, s10._gluon_block128, dict(OVERLAP=overlap))
                         for name, overlap in (("gluon_sync", False), ("gluon_async", True))]
@@ -335,8 +399,12 @@ def compile_only() -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--compile-only", action="store_true", help="compile for sm90a and ask ptxas; no GPU needed")
-    if p.parse_args().compile_only:
-        compile_only()
+    p.add_argument("--persistent", action="store_true",
+                   help="only cuBLAS and the warp-specialized kernel as it is and persistent (PERSISTENT_RUNS)")
+    args = p.parse_args()
+    runs = PERSISTENT_RUNS if args.persistent else RUNS
+    if args.compile_only:
+        compile_only(runs)
         return
     from moebench.roofline import measure_ceilings
     from moebench.timing import time_graph
@@ -361,8 +429,8 @@ def main() -> None:
                 row[f"{name}_bare_pct_fp8"] = round(2 * M * N * K / (t * 1e-6) / 1e12 / ceilings.fp8_tflops * 100, 1)
         print(json.dumps(row), flush=True)
         rows.append(row)
-        for tile, forms in RUNS:
-            ws = forms == WS_FORMS
+        for tile, forms in runs:
+            ws = forms != PAIR_FORMS
             row = dict(M=M, N=N, K=K, tile=_tile_label(tile, forms), fp8_tflops=round(ceilings.fp8_tflops))
             variants = {form: run_form(a, b, a_s, b_s, c, form, *tile) for form in forms}
             if not ws:
