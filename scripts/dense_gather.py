@@ -98,6 +98,28 @@ def _timed(label: str, name: str, fn, c: torch.Tensor, ref: torch.Tensor, flops:
           flush=True)
 
 
+def gather_inputs(slots: int, N: int, K: int, topk: int | None, g: torch.Generator):
+    """Fp8 operands of one shape of SHAPES and their float32 product, as the MoE kernels see them.
+
+    Returns x8 [rows, K] fp8 (x, or h for GEMM2), x_s [rows, K/128] its 1x128 scales, tok [slots] int32 the row
+    of x8 each sorted slot reads, gathered [slots, K] fp8 and a_s [slots, K/128] those rows and scales stacked
+    contiguous, b [N, K] fp8, b_s [N/128, K/128] its 128x128 scales, and ref [slots, N] float32."""
+    fp8 = torch.float8_e4m3fn
+    rows_of_x = slots // topk if topk else slots
+    x = torch.randn(rows_of_x, K, device="cuda", generator=g)
+    x_s = torch.rand(rows_of_x, K // 128, device="cuda", generator=g) + 0.5
+    # a uniform routing's slots in expert order: slot s is token s // topk; sorted by a random expert each
+    order = torch.argsort(torch.randint(0, 128, (slots,), device="cuda", generator=g), stable=True)
+    tok = (order // topk if topk else order).to(torch.int32)  # [slots] the row of x of each sorted slot
+    gathered = x[tok.long()].to(fp8).contiguous()  # [slots, K] A as the tiles see it, contiguous
+    a_s = x_s[tok.long()].contiguous()
+    b = torch.randn(N, K, device="cuda", generator=g).to(fp8)
+    b_s = torch.rand(N // 128, K // 128, device="cuda", generator=g) + 0.5
+    a_deq = gathered.float() * a_s.repeat_interleave(128, 1)
+    ref = a_deq @ (b.float() * b_s.repeat_interleave(128, 0).repeat_interleave(128, 1)).T
+    return x.to(fp8), x_s, tok, gathered, a_s, b, b_s, ref
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default=",".join(s[0] for s in SHAPES), help="comma-separated labels of SHAPES")
@@ -110,22 +132,10 @@ def main() -> None:
     ceilings = measure_ceilings()
     print(json.dumps(dict(ceilings=ceilings.as_dict())), flush=True)
     fp8_rate = ceilings.fp8_tflops * 1e12
-    fp8 = torch.float8_e4m3fn
     g = torch.Generator(device="cuda").manual_seed(0)
     for label, slots, N, K, topk in (s for s in SHAPES if s[0] in wanted):
-        rows_of_x = slots // topk if topk else slots
-        x = torch.randn(rows_of_x, K, device="cuda", generator=g)
-        x_s = torch.rand(rows_of_x, K // 128, device="cuda", generator=g) + 0.5
-        # a uniform routing's slots in expert order: slot s is token s // topk; sorted by a random expert each
-        order = torch.argsort(torch.randint(0, 128, (slots,), device="cuda", generator=g), stable=True)
-        tok = (order // topk if topk else order).to(torch.int32)  # [slots] the row of x of each sorted slot
-        gathered = x[tok.long()].to(fp8).contiguous()  # [slots, K] A as the tiles see it, contiguous
-        a_s = x_s[tok.long()].contiguous()
-        b = torch.randn(N, K, device="cuda", generator=g).to(fp8)
-        b_s = torch.rand(N // 128, K // 128, device="cuda", generator=g) + 0.5
-        a_deq = gathered.float() * a_s.repeat_interleave(128, 1)
-        ref = a_deq @ (b.float() * b_s.repeat_interleave(128, 0).repeat_interleave(128, 1)).T
-        x8, ident = x.to(fp8), torch.arange(slots, device="cuda", dtype=torch.int32)
+        x8, x_s, tok, gathered, a_s, b, b_s, ref = gather_inputs(slots, N, K, topk, g)
+        ident = torch.arange(slots, device="cuda", dtype=torch.int32)
         c = torch.empty(slots, N, device="cuda", dtype=torch.bfloat16)
         if args.cublas:
             plain_ref = gathered.float() @ b.float().T

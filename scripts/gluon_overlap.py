@@ -53,7 +53,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # triton 3.6 names the TMA tile load async_copy_global_to_shared; later versions async_load (and the old name raises)
@@ -107,12 +108,15 @@ def _step_done(ring, step, k_steps, STAGES: gl.constexpr, WS: gl.constexpr):
 
 
 @gluon.jit
-def _mma_step(ring, step, into, ROW0: gl.constexpr, STAGES: gl.constexpr):
+def _mma_step(ring, step, into, ROW0: gl.constexpr, STAGES: gl.constexpr, FENCE: gl.constexpr = False):
     """Issue step ``step``'s MMA over rows ROW0.. of its A tile once its buffer is loaded, writing the
-    registers of ``into`` (its old value ignored); returns the product, in flight."""
+    registers of ``into`` (its old value ignored); returns the product, in flight. FENCE: the buffer was
+    written by generic-proxy copies (cp.async), which the MMA's async proxy sees after a proxy fence."""
     a_smem, b_smem, ready = ring[2], ring[3], ring[4]
     s = step % STAGES
     mbarrier.wait(ready.index(s), (step // STAGES) & 1)
+    if FENCE:
+        fence_async_shared()
     a = a_smem.index(s).slice(ROW0, into.shape[0])
     return warpgroup_mma(a, b_smem.index(s).permute((1, 0)), into, use_acc=False, is_async=True)
 
@@ -133,7 +137,8 @@ def _in_order(t):
 
 @gluon.jit
 def _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, off_m, off_n, base, ROW0: gl.constexpr,
-          ROWS: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, UNROLL: gl.constexpr, WS: gl.constexpr):
+          ROWS: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, UNROLL: gl.constexpr, WS: gl.constexpr,
+          FENCE: gl.constexpr = False):
     """C rows off_m + ROW0 .. + ROWS of the tile at (off_m, off_n): sum over 128-wide K steps k of (A_k . B_k^T) *
     as[row, k] * bs[n // 128, k], by the warps that run it (one warp group per 64 rows), from the buffers of
     ``ring``, whose step ``base + k`` holds K step k (base > 0: a persistent program's later tiles)."""
@@ -154,16 +159,16 @@ def _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, off_m, off
             # each MMA is issued before the previous one's product is waited for and scaled; no MMA is left
             # in flight across the loop's back edge, where ptxas would serialize them all (C7514)
             x_scale = _scale(a_scales, b_scales, row_ok, k0)
-            x = _mma_step(ring, base + k0, x, ROW0, STAGES)
+            x = _mma_step(ring, base + k0, x, ROW0, STAGES, FENCE)
             for j in gl.static_range(1, UNROLL):
                 if j % 2 == 1:
                     y_scale = _scale(a_scales, b_scales, row_ok, k0 + j)
-                    y = _mma_step(ring, base + k0 + j, y, ROW0, STAGES)
+                    y = _mma_step(ring, base + k0 + j, y, ROW0, STAGES, FENCE)
                     y, x = warpgroup_mma_wait(num_outstanding=1, deps=(y, x))
                     acc = _in_order(acc + x * x_scale[:, None])
                 else:
                     x_scale = _scale(a_scales, b_scales, row_ok, k0 + j)
-                    x = _mma_step(ring, base + k0 + j, x, ROW0, STAGES)
+                    x = _mma_step(ring, base + k0 + j, x, ROW0, STAGES, FENCE)
                     x, y = warpgroup_mma_wait(num_outstanding=1, deps=(x, y))
                     acc = _in_order(acc + y * y_scale[:, None])
                 _step_done(ring, base + k0 + j - 1, k_steps, STAGES, WS)
@@ -172,7 +177,7 @@ def _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, off_m, off
             _step_done(ring, base + k0 + UNROLL - 1, k_steps, STAGES, WS)
         else:
             for j in gl.static_range(UNROLL):
-                x = _mma_step(ring, base + k0 + j, x, ROW0, STAGES)
+                x = _mma_step(ring, base + k0 + j, x, ROW0, STAGES, FENCE)
                 x = warpgroup_mma_wait(num_outstanding=0, deps=(x, ))
                 _step_done(ring, base + k0 + j, k_steps, STAGES, WS)
                 acc += x * _scale(a_scales, b_scales, row_ok, k0 + j)[:, None]
@@ -278,17 +283,19 @@ def _p_loader(ring, M, N, K, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _p_consumer(ring, out, ROW0: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, UNROLL: gl.constexpr):
-    """One 4-warp group's 64 rows of each of the persistent program's tiles, in the loader's order."""
+def _p_consumer(ring, out, ROW0: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr, UNROLL: gl.constexpr,
+                FENCE: gl.constexpr = False):
+    """One 4-warp group's 64 rows of each of the persistent program's tiles, in the loader's order (FENCE as
+    ``_mma_step``'s)."""
     as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs = out
-    BM: gl.constexpr = ring[0].block_type.shape[0]
+    BM: gl.constexpr = ring[2].shape[1]
     BN: gl.constexpr = ring[1].block_type.shape[0]
     k_steps = K // 128
     base = 0
     for t in range(gl.program_id(0), ((M + BM - 1) // BM) * (N // BN), gl.num_programs(0)):
         off_m, off_n = _tile_origin(t, N, BM, BN)
         _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, off_m, off_n, base, ROW0, 64, STAGES,
-              OVERLAP, UNROLL, True)
+              OVERLAP, UNROLL, True, FENCE)
         base += k_steps
 
 
