@@ -7,10 +7,10 @@ across tiles, two 64-row consumer groups scaling one K step's product under the 
 GEMM1 reads a token's row of x for each slot, in the align step's order, which TMA cannot load on Hopper.
 ``_pgws_gemm`` is the same kernel with A gathered by a second producer partition of GATHER_WARPS warps (1 or 2,
 GATHERERS): each thread copies its 16-byte pieces of the tile's rows with ``cp.async`` and arrives on the step's
-``ready`` barrier (``noinc``: the barrier counts the 32 * GATHER_WARPS threads and the TMA warp's arrival). The copies are
-generic-proxy writes, which the MMAs' async proxy sees after a proxy fence (``fence_async_shared``): either each
-consumer group fences after each wait (``lag`` 0) or each gathering thread waits for its copies of an earlier step,
-fences them and then arrives (``lag`` 1 or 2: the steps whose copies stay in flight behind the newest).
+``ready`` barrier (``noinc``: the barrier counts the 32 * GATHER_WARPS threads and the TMA warp's arrival). The
+copies are generic-proxy writes, which the MMAs' async proxy sees after a proxy fence (``fence_async_shared``):
+either each consumer group fences after each wait (``lag`` 0) or each gathering thread waits for its copies of the
+step before, fences them and then arrives (``lag`` 1: the steps whose copies stay in flight behind the newest).
 
 At the GEMM1 shapes of ``dense_gather.py`` (all 32768 slots of M=4096, uniform routing's sorted slots), each
 checked against the float32 product into a NaN-filled C, then timed:
@@ -18,7 +18,8 @@ checked against the float32 product into a NaN-filled C, then timed:
 - ``cublas_block``: cuBLAS's block-scaled GEMM over the gathered rows stacked contiguous (no gather);
 - ``pws4``: ``_pws_gemm`` over the same contiguous rows by TMA (no gather);
 - ``pgws4``, ``pgws_sync``: ``_pgws_gemm`` over x's rows through the slots' order, overlapped or waiting for each
-  MMA, at each ``lag``. A's 1x128 scales are passed by slot (the layer would read them through the order too: 64 floats a step).
+  MMA, at each ``lag``. A's 1x128 scales are passed by slot (the layer would read them through the order too: 64
+  floats a step).
 
     PYTHONPATH=$PWD python3 scripts/gluon_gather.py > rows.jsonl
 """
@@ -37,8 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from dense_gather import SHAPES, _timed, gather_inputs  # scripts beside this one
-from gluon_overlap import (_FIRST_ROWS, _SECOND_ROWS, FORMS, _p_consumer, _tile_origin, _tma_load, cublas_block,
-                           run_form)
+from gluon_overlap import _FIRST_ROWS, _SECOND_ROWS, _p_consumer, _tile_origin, _tma_load, cublas_block, run_form
 from moebench.roofline import measure_ceilings
 
 # triton 3.6 names the pointer copy into shared memory async_copy_global_to_shared; later versions async_load
@@ -170,7 +170,6 @@ def main() -> None:
         if block is not None:
             _timed(label, "cublas_block", block, c, ref, flops, fp8_rate, returns=True)
         for stages in STAGES:
-            assert FORMS["gluon_pws4"] == (True, 4)
             _timed(label, "pws4", run_form(gathered, b, a_s, b_s, c, "gluon_pws4", 128, 128, 4, stages), c, ref,
                    flops, fp8_rate, stages=stages)
             for (overlap, name), lag, gatherer in itertools.product(((True, "pgws4"), (False, "pgws_sync")), LAGS,
