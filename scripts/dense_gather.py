@@ -90,7 +90,8 @@ def _timed(label: str, name: str, fn, c: torch.Tensor, ref: torch.Tensor, flops:
     """Run ``fn`` into the NaN-filled ``c`` (or, ``returns``, take its result), check it against ``ref``, time it
     and print a JSON row."""
     c.fill_(float("nan"))
-    result = fn() if returns else (fn(), c)[1]
+    out = fn()
+    result = out if returns else c
     err = ((result.float() - ref).norm() / ref.norm()).item()
     t = time_graph(fn, budget_s=0.3).median_us
     print(json.dumps(dict(shape=label, a=name, **extra, err=round(err, 5), time_us=round(t, 1),

@@ -38,7 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from dense_gather import SHAPES, _timed, gather_inputs  # scripts beside this one
-from gluon_overlap import _FIRST_ROWS, _SECOND_ROWS, _p_consumer, _tile_origin, _tma_load, cublas_block, run_form
+from gluon_overlap import (_FIRST_ROWS, _SECOND_ROWS, _p_consumer, _p_loader, _ring_of, _tile_count, _tile_origin,
+                           cublas_block, run_form)
 from moebench.roofline import measure_ceilings
 
 # triton 3.6 names the pointer copy into shared memory async_copy_global_to_shared; later versions async_load
@@ -48,38 +49,6 @@ _cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_glo
 GATHERERS = ((1, 152), (2, 72))
 STAGES = (4, 6)
 LAGS = (0, 1)  # _a_gatherer's: 0 the consumers fence after each wait; 1 the gatherer fences its landed copies
-
-
-@gluon.jit
-def _gather_ring(BM: gl.constexpr, b_desc, STAGES: gl.constexpr, GATHER_THREADS: gl.constexpr):
-    """The STAGES buffers of A (gathered) and B, and their barriers: ``ready`` (B's TMA arrival plus each
-    gathering thread's) and ``empty`` (both consumer groups)."""
-    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, 128], gl.float8e4nv)
-    a_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, 128], a_layout)
-    b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, b_desc.block_type.shape[0], 128], b_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1 + GATHER_THREADS)
-        mbarrier.init(empty.index(i), count=BM // 64)
-    return a_smem, b_smem, ready, empty
-
-
-@gluon.jit
-def _b_loader(ring, M, N, K, STAGES: gl.constexpr):
-    """The TMA warp: B's tile of every K step of the program's tiles, in the consumers' order."""
-    b_desc, b_smem, ready, empty = ring[1], ring[3], ring[4], ring[5]
-    BM: gl.constexpr = ring[2].shape[1]
-    BN: gl.constexpr = b_desc.block_type.shape[0]
-    i = 0
-    for t in range(gl.program_id(0), ((M + BM - 1) // BM) * (N // BN), gl.num_programs(0)):
-        off_m, off_n = _tile_origin(t, N, BM, BN)
-        for k in range(K // 128):
-            s = i % STAGES
-            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), b_desc.block_type.nbytes)
-            _tma_load(b_desc, [off_n, k * 128], ready.index(s), b_smem.index(s))
-            i += 1
 
 
 @gluon.jit
@@ -96,7 +65,7 @@ def _a_gatherer(ring, rows_ptr, stride_a, M, N, K, STAGES: gl.constexpr, WARPS: 
     slots = gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, 128, layout=gl.SliceLayout(0, layout))
     i = 0
-    for t in range(gl.program_id(0), ((M + BM - 1) // BM) * (N // BN), gl.num_programs(0)):
+    for t in range(gl.program_id(0), _tile_count(M, N, BM, BN), gl.num_programs(0)):
         off_m, off_n = _tile_origin(t, N, BM, BN)
         src = gl.load(rows_ptr + off_m + slots, mask=off_m + slots < M, other=0)  # [BM] rows of a
         ptrs = a_ptr + src.to(gl.int64)[:, None] * stride_a + cols[None, :]
@@ -132,12 +101,15 @@ def _pgws_gemm(a_ptr, rows_ptr, b_desc, as_ptr, bs_ptr, c_ptr, M, N, K, stride_a
                GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr, LAG: gl.constexpr, num_warps: gl.constexpr):
     """C[slot, :] = a[rows[slot], :] . B^T with the block scales, persistent and warp-specialized: two 64-row
     consumer groups, a TMA warp for B and GATHER_WARPS warps gathering A."""
-    a_smem, b_smem, ready, empty = _gather_ring(BM, b_desc, STAGES, GATHER_WARPS * 32)
+    # A's buffers as TMA would fill them; ``ready`` counts B's TMA arrival and each gathering thread's
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, 128], gl.float8e4nv)
+    a_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, 128], a_layout)
+    a_smem, b_smem, ready, empty = _ring_of(a_smem, b_desc, STAGES, 1 + GATHER_WARPS * 32)
     ring = (a_ptr, b_desc, a_smem, b_smem, ready, empty, 0, 0)
     out = (as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs)
     gl.warp_specialize([(_p_consumer, (ring, out, _FIRST_ROWS, STAGES, OVERLAP, UNROLL, LAG == 0)),
                         (_p_consumer, (ring, out, _SECOND_ROWS, STAGES, OVERLAP, UNROLL, LAG == 0)),
-                        (_b_loader, (ring, M, N, K, STAGES)),
+                        (_p_loader, (ring, M, N, K, STAGES, False)),
                         (_a_gatherer, (ring, rows_ptr, stride_a, M, N, K, STAGES, GATHER_WARPS, LAG))],
                        [4, 1, GATHER_WARPS], [232, 40, GATHER_REGS])
 
@@ -149,7 +121,8 @@ def run_gathered(x8, tok, b, a_s, b_s, c, stages: int, overlap: bool, lag: int, 
     assert K % (128 * unroll) == 0 and N % 128 == 0, "K in whole loop iterations, N in whole tiles"
     b_desc = TensorDescriptor.from_tensor(b, [128, 128], gl.NVMMASharedLayout.get_default_for([128, 128],
                                                                                            gl.float8e4nv))
-    grid = (min(triton.cdiv(slots, 128) * (N // 128), torch.cuda.get_device_properties(0).multi_processor_count),)
+    sms = torch.cuda.get_device_properties(x8.device).multi_processor_count
+    grid = (min(triton.cdiv(slots, 128) * (N // 128), sms),)  # a program per SM, or per tile where fewer
     return lambda: _pgws_gemm[grid](x8, tok, b_desc, a_s, b_s, c, slots, N, K, x8.stride(0), a_s.stride(0),
                                     b_s.stride(0), BM=128, STAGES=stages, OVERLAP=overlap, UNROLL=unroll,
                                     GATHER_WARPS=gatherer[0], GATHER_REGS=gatherer[1], LAG=lag, num_warps=4)

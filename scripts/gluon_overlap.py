@@ -189,14 +189,21 @@ def _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, off_m, off
 def _ring(a_desc, b_desc, STAGES: gl.constexpr):
     """The tile's STAGES buffers of A and B and their barriers: ``ready`` (loaded) and ``empty`` (read by both
     consumer warp groups, where warp-specialized)."""
-    BM: gl.constexpr = a_desc.block_type.shape[0]
+    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, a_desc.block_type.shape[0], 128], a_desc.layout)
+    return _ring_of(a_smem, b_desc, STAGES, 1)
+
+
+@gluon.jit
+def _ring_of(a_smem, b_desc, STAGES: gl.constexpr, READY_COUNT: gl.constexpr):
+    """``_ring`` around A's buffers ``a_smem`` [STAGES, BM, 128], with READY_COUNT arrivals per fill (a layout cannot
+    be passed between triton 3.6's Gluon functions, so the caller allocates A's buffers)."""
+    BM: gl.constexpr = a_smem.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0]
-    a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, 128], a_desc.layout)
     b_smem = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BN, 128], b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(ready.index(i), count=READY_COUNT)
         mbarrier.init(empty.index(i), count=BM // 64)
     return a_smem, b_smem, ready, empty
 
@@ -262,22 +269,31 @@ def _tile_origin(t, N, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _p_loader(ring, M, N, K, STAGES: gl.constexpr):
-    """The persistent loading warp: every K step of the program's tiles (t = program, + programs, ...) into the
-    ring in turn, ring step i into buffer i % STAGES once both consumers are done with ring step i - STAGES, so
-    a tile's first steps load while the consumers still run the last tile's MMAs and store its output."""
+def _tile_count(M, N, BM: gl.constexpr, BN: gl.constexpr):
+    """Tiles of C [M, N]: a persistent program runs tiles program_id, + num_programs, ... below it."""
+    return ((M + BM - 1) // BM) * (N // BN)
+
+
+@gluon.jit
+def _p_loader(ring, M, N, K, STAGES: gl.constexpr, LOAD_A: gl.constexpr = True):
+    """The persistent loading warp: every K step of the program's tiles into the ring in turn, ring step i into
+    buffer i % STAGES once both consumers are done with ring step i - STAGES, so a tile's first steps load while
+    the consumers still run the last tile's MMAs and store its output. Without LOAD_A only B's tiles (A's come
+    from elsewhere: ``gluon_gather.py``)."""
     a_desc, b_desc, a_smem, b_smem, ready, empty = ring[0], ring[1], ring[2], ring[3], ring[4], ring[5]
-    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BM: gl.constexpr = a_smem.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0]
-    k_steps = K // 128
     i = 0
-    for t in range(gl.program_id(0), ((M + BM - 1) // BM) * (N // BN), gl.num_programs(0)):
+    for t in range(gl.program_id(0), _tile_count(M, N, BM, BN), gl.num_programs(0)):
         off_m, off_n = _tile_origin(t, N, BM, BN)
-        for k in range(k_steps):
+        for k in range(K // 128):
             s = i % STAGES
             mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            _tma_load(a_desc, [off_m, k * 128], ready.index(s), a_smem.index(s))
+            if LOAD_A:
+                mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+                _tma_load(a_desc, [off_m, k * 128], ready.index(s), a_smem.index(s))
+            else:
+                mbarrier.expect(ready.index(s), b_desc.block_type.nbytes)
             _tma_load(b_desc, [off_n, k * 128], ready.index(s), b_smem.index(s))
             i += 1
 
@@ -292,7 +308,7 @@ def _p_consumer(ring, out, ROW0: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl
     BN: gl.constexpr = ring[1].block_type.shape[0]
     k_steps = K // 128
     base = 0
-    for t in range(gl.program_id(0), ((M + BM - 1) // BM) * (N // BN), gl.num_programs(0)):
+    for t in range(gl.program_id(0), _tile_count(M, N, BM, BN), gl.num_programs(0)):
         off_m, off_n = _tile_origin(t, N, BM, BN)
         _tile(ring, as_ptr, bs_ptr, c_ptr, M, N, K, stride_as, stride_bs, off_m, off_n, base, ROW0, 64, STAGES,
               OVERLAP, UNROLL, True, FENCE)
