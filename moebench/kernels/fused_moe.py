@@ -399,7 +399,6 @@ def _gemm1_swiglu(
     TAIL: tl.constexpr,  # an expert's last row tile at BLOCK_M / 2 (or / 4 with 2) rows where its slots fit
     amax_ptr,  # AMAX_OUT: [grid] float32, each program's absolute maximum of the h it wrote (0 where none)
     AMAX_OUT: tl.constexpr,  # SPLIT_K == 1, h not quantized here: for a dynamic per-tensor scale of h
-    H_ALIGNED: tl.constexpr,  # h's row is the slot's place in sorted_ids, not the slot (see fused_moe)
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
@@ -413,21 +412,11 @@ def _gemm1_swiglu(
                 _gemm1_tile(_head_slots(slot, sorted_ids_ptr, pid_m, BLOCK_M, BLOCK_M >> i), expert, pid_n, x_ptr,
                             w_ptr, h_ptr, h_scale_ptr, x_scale_ptr, w_scale_ptr, num_slots, N, K, stride_xm, stride_we,
                             stride_wn, stride_hm, stride_split, stride_hsm, stride_xsm, stride_xsk, stride_wse,
-                            stride_wsn, stride_wsk, w_desc, amax_ptr, pid_m * BLOCK_M, TOPK, BLOCK_M >> i, BLOCK_N,
-                            BLOCK_K, SWAP_AB, QUANT, SPLIT_K, MERGED, EVEN_K, EVEN_N, STATIC_OUT, GROUP_OUT,
-                            ROUND_FIRST, X_QUANT, TMA_W, AMAX_OUT, H_ALIGNED)
+                            stride_wsn, stride_wsk, w_desc, amax_ptr, TOPK, BLOCK_M >> i, BLOCK_N, BLOCK_K, SWAP_AB,
+                            QUANT, SPLIT_K, MERGED, EVEN_K, EVEN_N, STATIC_OUT, GROUP_OUT, ROUND_FIRST, X_QUANT, TMA_W,
+                            AMAX_OUT)
     elif AMAX_OUT:
         tl.store(amax_ptr + tl.program_id(0), 0.0)
-
-
-@triton.jit
-def _h_rows(slot_safe, row_ok, place, BLOCK_M: tl.constexpr, H_ALIGNED: tl.constexpr):
-    """The rows of h [BM] of a tile's slots ``slot_safe`` (0 where not ``row_ok``): with ``H_ALIGNED`` their
-    places in sorted_ids from the tile's first, ``place``, else the slots."""
-    if H_ALIGNED:
-        return tl.where(row_ok, place + tl.arange(0, BLOCK_M), 0).to(tl.int64)
-    else:
-        return slot_safe
 
 
 @triton.jit
@@ -454,13 +443,13 @@ def _head_slots(slot, sorted_ids_ptr, pid_m, BLOCK_M: tl.constexpr, ROWS: tl.con
 @triton.jit
 def _gemm1_tile(slot, expert, pid_n, x_ptr, w_ptr, h_ptr, h_scale_ptr, x_scale_ptr, w_scale_ptr, num_slots, N, K,
                 stride_xm, stride_we, stride_wn, stride_hm, stride_split, stride_hsm, stride_xsm, stride_xsk,
-                stride_wse, stride_wsn, stride_wsk, w_desc, amax_ptr, place, TOPK: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
-                QUANT: tl.constexpr, SPLIT_K: tl.constexpr, MERGED: tl.constexpr, EVEN_K: tl.constexpr,
-                EVEN_N: tl.constexpr, STATIC_OUT: tl.constexpr, GROUP_OUT: tl.constexpr, ROUND_FIRST: tl.constexpr,
-                X_QUANT: tl.constexpr, TMA_W: tl.constexpr, AMAX_OUT: tl.constexpr, H_ALIGNED: tl.constexpr):
-    """One GEMM1 tile of the slots ``slot`` [BLOCK_M] of ``expert``, columns ``pid_n``: its K loop and epilogue;
-    ``place`` is the tile's first place in sorted_ids (the other arguments are the kernel's)."""
+                stride_wse, stride_wsn, stride_wsk, w_desc, amax_ptr, TOPK: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr,
+                SPLIT_K: tl.constexpr, MERGED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                STATIC_OUT: tl.constexpr, GROUP_OUT: tl.constexpr, ROUND_FIRST: tl.constexpr, X_QUANT: tl.constexpr,
+                TMA_W: tl.constexpr, AMAX_OUT: tl.constexpr):
+    """One GEMM1 tile of the slots ``slot`` [BLOCK_M] of ``expert``, columns ``pid_n``: its K loop and epilogue
+    (the arguments are the kernel's)."""
     row_ok = slot < num_slots
     tok = tl.where(row_ok, slot // TOPK, 0).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -484,11 +473,10 @@ def _gemm1_tile(slot, expert, pid_n, x_ptr, w_ptr, h_ptr, h_scale_ptr, x_scale_p
                                         ROUND_FIRST, w_desc, TMA_W)  # [BM, BN] or [BN, BM] each
 
     slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
-    h_row = _h_rows(slot_safe, row_ok, place, BLOCK_M, H_ALIGNED)  # [BM]
     mask = _grid_and(row_ok, n_ok, SWAP_AB)
     if SPLIT_K == 1:
         h = acc_g * tl.sigmoid(acc_g) * acc_u  # silu(gate) * up
-        h_ptrs = h_ptr + _grid(h_row * stride_hm, offs_n, SWAP_AB)
+        h_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_n, SWAP_AB)
         if STATIC_OUT:  # GEMM2's fp8 input, with no quantization launch
             h = tl.minimum(tl.maximum(h / tl.load(h_scale_ptr), -448.0), 448.0)
             tl.store(h_ptrs, to_fp8(h, h_ptr.dtype.element_ty, ROUND_FIRST), mask=mask)
@@ -496,7 +484,7 @@ def _gemm1_tile(slot, expert, pid_n, x_ptr, w_ptr, h_ptr, h_scale_ptr, x_scale_p
             h = tl.where(mask, h, 0.0)  # columns past N (with TMA_W, read from other rows) out of the max
             q, scale = quantize_groups_of(h, 0 if SWAP_AB else 1, h_ptr.dtype.element_ty, ROUND_FIRST)  # [BM]
             tl.store(h_ptrs, q, mask=mask)
-            tl.store(h_scale_ptr + h_row * stride_hsm + pid_n, scale, mask=row_ok)
+            tl.store(h_scale_ptr + slot_safe * stride_hsm + pid_n, scale, mask=row_ok)
         else:
             h = h.to(h_ptr.dtype.element_ty)
             tl.store(h_ptrs, h, mask=mask)
@@ -708,7 +696,6 @@ def _gemm2_combine(
     COLUMNS_FIRST: tl.constexpr,  # every row tile of a column chunk before the next (gemm2_columns_first)
     PRELOAD: tl.constexpr,  # DIRECT, N_TILES == 1: the first two K steps' weights loaded before the wait
     TAIL: tl.constexpr,  # as in _gemm1_swiglu
-    H_ALIGNED: tl.constexpr,  # as in _gemm1_swiglu: h's rows read at the tile's places in sorted_ids
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N * N_TILES, GROUP_M,
                                 COLUMNS_FIRST)
@@ -726,28 +713,26 @@ def _gemm2_combine(
                 _gemm2_tile(_head_slots(slot, sorted_ids_ptr, pid_m, BLOCK_M, BLOCK_M >> i), expert, pid_n, b0, b1,
                             h_ptr, w_ptr, out_ptr, h_scale_ptr, w_scale_ptr, topk_weights_ptr, num_slots, N, K,
                             stride_hm, stride_we, stride_wn, stride_om, stride_hsm, stride_hsk, stride_wse, stride_wsn,
-                            stride_wsk, pid_m * BLOCK_M, TOPK, BLOCK_M >> i, BLOCK_N, BLOCK_K, SWAP_AB, QUANT,
-                            ATOMIC_SUM, N_TILES, SPLIT_K, EVEN_K, EVEN_N, PRELOAD, H_ALIGNED)
+                            stride_wsk, TOPK, BLOCK_M >> i, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, ATOMIC_SUM, N_TILES,
+                            SPLIT_K, EVEN_K, EVEN_N, PRELOAD)
 
 
 @triton.jit
 def _gemm2_tile(slot, expert, pid_n, b0, b1, h_ptr, w_ptr, out_ptr, h_scale_ptr, w_scale_ptr, topk_weights_ptr,
                 num_slots, N, K, stride_hm, stride_we, stride_wn, stride_om, stride_hsm, stride_hsk, stride_wse,
-                stride_wsn, stride_wsk, place, TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                stride_wsn, stride_wsk, TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, ATOMIC_SUM: tl.constexpr,
                 N_TILES: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-                PRELOAD: tl.constexpr, H_ALIGNED: tl.constexpr):
+                PRELOAD: tl.constexpr):
     """One GEMM2 program's tile of the slots ``slot`` [BLOCK_M] of ``expert``, column chunk ``pid_n``: its
-    K loop(s) and epilogue(s); ``b0``, ``b1`` the preloaded weights (PRELOAD); ``place`` the tile's first place
-    in sorted_ids. The other arguments are the kernel's."""
+    K loop(s) and epilogue(s); ``b0``, ``b1`` the preloaded weights (PRELOAD). The arguments are the kernel's."""
     row_ok = slot < num_slots
     slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
-    h_row = _h_rows(slot_safe, row_ok, place, BLOCK_M, H_ALIGNED)  # [BM]
     n_first = pid_n * N_TILES * BLOCK_N
     offs_n = n_first + tl.arange(0, BLOCK_N)  # the first column tile
     offs_k = tl.arange(0, BLOCK_K)
 
-    a_ptrs = h_ptr + _grid(h_row * stride_hm, offs_k, SWAP_AB)
+    a_ptrs = h_ptr + _grid(slot_safe * stride_hm, offs_k, SWAP_AB)
     b_ptrs = w_ptr + expert * stride_we + _grid(offs_k, offs_n * stride_wn, SWAP_AB)
     acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP_AB else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_steps = tl.cdiv(K, BLOCK_K)
@@ -762,19 +747,19 @@ def _gemm2_tile(slot, expert, pid_n, b0, b1, h_ptr, w_ptr, out_ptr, h_scale_ptr,
                 if k_first + i < k_last:
                     a = _load_a(a_ptrs + i * BLOCK_K, row_ok, offs_k < K - (k_first + i) * BLOCK_K, EVEN_K,
                                 SWAP_AB)
-                    acc = _gemm2_mma(acc, a, b1 if i else b0, k_first + i, n_first, offs_n, offs_n < N, h_row,
+                    acc = _gemm2_mma(acc, a, b1 if i else b0, k_first + i, n_first, offs_n, offs_n < N, slot_safe,
                                      expert, h_scale_ptr, w_scale_ptr, stride_hsm, stride_hsk, stride_wse,
                                      stride_wsn, stride_wsk, BLOCK_N, SWAP_AB, QUANT, EVEN_N)
             k_first += 2
             a_ptrs += 2 * BLOCK_K
             b_ptrs += 2 * BLOCK_K
         for k in range(k_first, k_last):
-            acc = _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, h_row, expert,
+            acc = _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_safe, expert,
                               h_scale_ptr, w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn,
                               stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
-        _gemm2_epilogue(acc, slot_safe, h_row, row_ok, offs_n, expert, out_ptr, topk_weights_ptr, h_scale_ptr,
+        _gemm2_epilogue(acc, slot_safe, row_ok, offs_n, expert, out_ptr, topk_weights_ptr, h_scale_ptr,
                         w_scale_ptr, N, stride_om, stride_hsm, stride_wse, stride_wsn, TOPK, BLOCK_N, SWAP_AB,
                         QUANT, ATOMIC_SUM)
     else:
@@ -783,11 +768,11 @@ def _gemm2_tile(slot, expert, pid_n, b0, b1, h_ptr, w_ptr, out_ptr, h_scale_ptr,
             j = t // k_steps
             k = t - j * k_steps
             acc = _gemm2_step(acc, a_ptrs + k * BLOCK_K, b_ptrs + (j * BLOCK_N * stride_wn + k * BLOCK_K), k,
-                              offs_k, n_first + j * BLOCK_N, offs_n + j * BLOCK_N, row_ok, h_row, expert,
+                              offs_k, n_first + j * BLOCK_N, offs_n + j * BLOCK_N, row_ok, slot_safe, expert,
                               h_scale_ptr, w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn,
                               stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N)
             if k == k_steps - 1:
-                _gemm2_epilogue(acc, slot_safe, h_row, row_ok, offs_n + j * BLOCK_N, expert, out_ptr,
+                _gemm2_epilogue(acc, slot_safe, row_ok, offs_n + j * BLOCK_N, expert, out_ptr,
                                 topk_weights_ptr, h_scale_ptr, w_scale_ptr, N, stride_om, stride_hsm, stride_wse,
                                 stride_wsn, TOPK, BLOCK_N, SWAP_AB, QUANT, ATOMIC_SUM)
                 acc = tl.zeros_like(acc)
@@ -810,7 +795,7 @@ def _gemm2_preload(w_ptr, expert, valid, pid_n, N, K, stride_we, stride_wn, BLOC
 
 
 @triton.jit
-def _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, h_row, expert, h_scale_ptr, w_scale_ptr,
+def _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr,
                 K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, EVEN_K: tl.constexpr,
                 EVEN_N: tl.constexpr):
@@ -820,7 +805,7 @@ def _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, h_row, 
     n_ok = offs_n < N
     a = _load_a(a_ptrs, row_ok, k_ok, EVEN_K, SWAP_AB)
     b = _load(b_ptrs, _grid_and(k_ok, n_ok, SWAP_AB), EVEN_K and EVEN_N)
-    return _gemm2_mma(acc, a, b, k, n_first, offs_n, n_ok, h_row, expert, h_scale_ptr, w_scale_ptr,
+    return _gemm2_mma(acc, a, b, k, n_first, offs_n, n_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr,
                       stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_N, SWAP_AB, QUANT, EVEN_N)
 
 
@@ -833,12 +818,12 @@ def _gemm2_load_b(b_ptrs, k, offs_k, offs_n, K, N, ok, BLOCK_K: tl.constexpr, SW
 
 
 @triton.jit
-def _gemm2_mma(acc, a, b, k, n_first, offs_n, n_ok, h_row, expert, h_scale_ptr, w_scale_ptr, stride_hsm,
+def _gemm2_mma(acc, a, b, k, n_first, offs_n, n_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr, stride_hsm,
                stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr,
                QUANT: tl.constexpr, EVEN_N: tl.constexpr):
     """acc plus K step ``k`` of one column tile from its loaded operand tiles (``_gemm2_step``)."""
     if QUANT == 2:
-        hs = tl.load(h_scale_ptr + h_row * stride_hsm + k * stride_hsk)  # [BM]
+        hs = tl.load(h_scale_ptr + slot_safe * stride_hsm + k * stride_hsk)  # [BM]
         ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
         scale = _block_scale(hs, ws, n_first, offs_n, n_ok, stride_wsn, EVEN_N and BLOCK_N <= 128, SWAP_AB)
         return acc + _mma(a, b, tl.zeros_like(acc), SWAP_AB) * scale
@@ -847,7 +832,7 @@ def _gemm2_mma(acc, a, b, k, n_first, offs_n, n_ok, h_row, expert, h_scale_ptr, 
 
 
 @triton.jit
-def _gemm2_epilogue(acc, slot_safe, h_row, row_ok, offs_n, expert, out_ptr, topk_weights_ptr, h_scale_ptr, w_scale_ptr,
+def _gemm2_epilogue(acc, slot_safe, row_ok, offs_n, expert, out_ptr, topk_weights_ptr, h_scale_ptr, w_scale_ptr,
                     N, stride_om, stride_hsm, stride_wse, stride_wsn, TOPK: tl.constexpr, BLOCK_N: tl.constexpr,
                     SWAP_AB: tl.constexpr, QUANT: tl.constexpr, ATOMIC_SUM: tl.constexpr):
     """One column tile of GEMM2's output, scaled by the routed weights (and QUANT 1's row and column
@@ -855,7 +840,7 @@ def _gemm2_epilogue(acc, slot_safe, h_row, row_ok, offs_n, expert, out_ptr, topk
     n_ok = offs_n < N
     routed = tl.load(topk_weights_ptr + slot_safe, mask=row_ok, other=0.0)  # [BLOCK_M]
     if QUANT == 1:
-        routed *= tl.load(h_scale_ptr + h_row * stride_hsm)
+        routed *= tl.load(h_scale_ptr + slot_safe * stride_hsm)
         ws = tl.load(w_scale_ptr + expert * stride_wse + offs_n * stride_wsn, mask=n_ok, other=0.0)
         acc *= _grid_mul(routed, ws, SWAP_AB)
     else:
@@ -991,13 +976,8 @@ def fused_moe(
     group_out = quant == QUANT_BLOCK and split == 1 and config.BLOCK_SIZE_N == 128
     quant_out = (quant == QUANT_BLOCK and split > 1) or group_out
     static_out = static and split == 1
-    # h's rows in the align's order (a row per place of sorted_ids, padding's unwritten): GEMM2 reads each tile's
-    # rows contiguous, not gathered through the slots. Not after split-K (_swiglu writes h by slot), nor where h
-    # is quantized per tensor by a launch (its padding rows would enter the maximum).
-    h_aligned = not config.direct_route and split == 1 and (not per_tensor or static_out)
-    h_rows = max_blocks * config.BLOCK_SIZE_M if h_aligned else T
-    h = torch.empty(h_rows, I, device=x.device, dtype=w2.dtype if quant_out or static_out else act_dtype)  # [T, I]
-    h_scale = torch.empty(h_rows, triton.cdiv(I, 128), device=x.device, dtype=torch.float32) if quant_out else None
+    h = torch.empty(T, I, device=x.device, dtype=w2.dtype if quant_out or static_out else act_dtype)  # [T, I]
+    h_scale = torch.empty(T, triton.cdiv(I, 128), device=x.device, dtype=torch.float32) if quant_out else None
     # Split-K: each split's gate|up partial sums, every entry written by GEMM1 (so not zeroed).
     gu = h if split == 1 else torch.empty(split, T, 2 * I, device=x.device, dtype=torch.float32)  # [split, T, 2I]
     stride_split = T * 2 * I
@@ -1016,7 +996,7 @@ def fused_moe(
         zero_numel=acc.numel() if zero else 0, ZERO=zero,
         EVEN_K=H % config.BLOCK_SIZE_K == 0, EVEN_N=I % config.BLOCK_SIZE_N == 0,
         w_desc=_weight_descriptor(w13, config) if config.gemm1_tma else None, TMA_W=config.gemm1_tma,
-        amax_ptr=maxima, AMAX_OUT=maxima is not None, H_ALIGNED=h_aligned, **launch,
+        amax_ptr=maxima, AMAX_OUT=maxima is not None, **launch,
     )
     if split > 1 and T:
         _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0), stride_split, SPLIT_K=split,
@@ -1040,7 +1020,7 @@ def fused_moe(
         *_scale_strides(a2_scale, 2, per_tensor), *_scale_strides(w2_scale, 3),
         ATOMIC_SUM=config.atomic_sum, N_TILES=config.gemm2_n_tiles, SPLIT_K=split2, EVEN_K=I % config.BLOCK_SIZE_K == 0,
         EVEN_N=H % (config.block_n2 * config.gemm2_n_tiles) == 0, COLUMNS_FIRST=config.gemm2_columns_first,
-        PRELOAD=config.gemm2_preload, H_ALIGNED=h_aligned, **{**launch, "BLOCK_N": config.block_n2},
+        PRELOAD=config.gemm2_preload, **{**launch, "BLOCK_N": config.block_n2},
     )
     if config.atomic_sum:
         if not config.atomic_out:
