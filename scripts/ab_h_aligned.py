@@ -1,16 +1,15 @@
-"""A/B on a GPU, on the tree of the commit that added this script (its kernels were not kept): h written and
-read in the align's order (a row per place of sorted_ids, so GEMM2 reads each
-tile's rows contiguous; the working tree) against h by slot (GEMM2 gathers its rows through sorted_ids; the
-kernels of the commit copied to .scratch/fused_moe_head.py), every benchmark point of M in [MIN_M, MAX_M] at
-its best config of the runs the report of docs/kernels.md reads (``_points.REPORT_RUNS``). Points whose config
-has split-K GEMM1 or a tile per slot, and fp8-tensor's (h's dynamic per-tensor scale), run the same kernels either
-way (not timed).
+"""A/B on a GPU, on the tree of commit e07a214 (its kernels were reverted in 936b06f): h written and read in
+the align's order (a row per place of sorted_ids, so GEMM2 reads each tile's rows contiguous; the working tree)
+against h by slot (GEMM2 gathers its rows through sorted_ids; the kernels of f04fbcf, copied to
+.scratch/fused_moe_head.py), every benchmark point of M in [MIN_M, MAX_M] at its best config of the runs the
+report of docs/kernels.md reads (``_points.REPORT_RUNS``). Points whose config has split-K GEMM1 or a tile per
+slot, and fp8-tensor's (h's dynamic per-tensor scale), run the same kernels either way (not timed).
 
 Variants "base" (the copy) and "new" (the tree), each checked against the float32 reference first (``*_err``),
 timed three rounds interleaved, every other round in reverse order (CUDA-graph replay, L2 flushed, median us),
 the fastest kept.
 
-    git show HEAD:moebench/kernels/fused_moe.py > .scratch/fused_moe_head.py
+    git checkout e07a214 && git show f04fbcf:moebench/kernels/fused_moe.py > .scratch/fused_moe_head.py
     PYTHONPATH=$PWD python3 scripts/ab_h_aligned.py [MIN_M [MAX_M]] > rows.jsonl
 """
 
