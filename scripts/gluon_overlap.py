@@ -336,6 +336,11 @@ def _descs(a: torch.Tensor, b: torch.Tensor, block_m: int, block_n: int):
     return desc(a, block_m), desc(b, block_n)
 
 
+def _kernel_of(form: str):
+    """The Gluon kernel that runs row name ``form``: ``_pws_gemm``, ``_ws_gemm`` or ``_pair_gemm``."""
+    return _pws_gemm if form in PWS_FORMS else _ws_gemm if form in WS_FORMS else _pair_gemm
+
+
 def run_form(a, b, a_s, b_s, c, form, block_m, block_n, warps, stages):
     """A launch of the Gluon kernel of row name ``form`` (``_ws_gemm`` for gluon_ws*, ``_pws_gemm`` for
     gluon_pws*, with 128-row tiles and num_warps 4): a [M, K], b [N, K] fp8; a_s [M, K/128], b_s [N/128, K/128];
@@ -344,7 +349,7 @@ def run_form(a, b, a_s, b_s, c, form, block_m, block_n, warps, stages):
     N = b.shape[0]
     overlap, unroll = FORMS[form]
     assert K % (128 * unroll) == 0 and N % block_n == 0, "K in whole loop iterations, N in whole tiles"
-    kernel = _pws_gemm if form in PWS_FORMS else _ws_gemm if form in WS_FORMS else _pair_gemm
+    kernel = _kernel_of(form)
     a_desc, b_desc = _descs(a, b, block_m, block_n)
     grid = (triton.cdiv(M, block_m), N // block_n)
     if form in PWS_FORMS:  # a program per SM, or per tile where there are fewer
@@ -393,8 +398,7 @@ def compile_only(runs) -> None:
         sig = dict(a_desc=mangle_type(a_desc), b_desc=mangle_type(b_desc), as_ptr="*fp32", bs_ptr="*fp32",
                    c_ptr="*bf16", M="i32", N="i32", K="i32", stride_as="i32", stride_bs="i32",
                    STAGES="constexpr", num_warps="constexpr")
-        kernels = [(name, _pws_gemm if name in PWS_FORMS else _ws_gemm if name in WS_FORMS else _pair_gemm,
-                    dict(OVERLAP=FORMS[name][0], UNROLL=FORMS[name][1])) for name in forms]
+        kernels = [(name, _kernel_of(name), dict(OVERLAP=FORMS[name][0], UNROLL=FORMS[name][1])) for name in forms]
         if forms == PAIR_FORMS:
             kernels += [(name, s10._gluon_block128, dict(OVERLAP=overlap))
                         for name, overlap in (("gluon_sync", False), ("gluon_async", True))]
