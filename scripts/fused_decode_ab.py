@@ -32,8 +32,8 @@ POINTS = [("deepseek-v3@tp8", "fp8-block128", 1), ("qwen3-30b-a3b", "fp8-block12
           ("qwen3-30b-a3b", "bf16", 1), ("deepseek-v3@tp8", "fp8-block128", 4),
           ("qwen3-30b-a3b", "fp8-block128", 4), ("qwen3-30b-a3b", "bf16", 4)]
 
-
-# The fastest CUDA-core tiles of the first grid (block_i, block_k, block_n, warps) at the three shapes.
+# (block_i, block_k, block_n, warps) of the fastest CUDA-core tiles at the three shapes over a wider grid in an
+# earlier run (results/h200-session30/fused-decode-cores-grid.jsonl).
 CUDA_CORE_TILES = ((8, 512, 32, 8), (32, 256, 8, 8), (32, 256, 4, 8))
 
 
