@@ -68,8 +68,8 @@ def _gemm1_share(ticket, x_ptr, w13_ptr, s13_ptr, s2_ptr, ids_ptr, tw_ptr, h_ptr
         w_gate = tl.load(gate_ptrs)
         w_up = tl.load(up_ptrs)
         for k in range(0, H, BLOCK_K):
+            more = (k + BLOCK_K + offs_k < H)[None, :]  # the next step's mask: all false at the last step
             if PREFETCH:  # the next step's weights requested before this step's arithmetic
-                more = (k + BLOCK_K + offs_k < H)[None, :]  # all false at the last step
                 next_gate = tl.load(gate_ptrs + k + BLOCK_K, mask=more, other=0.0)
                 next_up = tl.load(up_ptrs + k + BLOCK_K, mask=more, other=0.0)
             xk = tl.load(x_ptrs + k).to(tl.float32)  # [BLOCK_K]
@@ -86,7 +86,6 @@ def _gemm1_share(ticket, x_ptr, w13_ptr, s13_ptr, s2_ptr, ids_ptr, tw_ptr, h_ptr
                 w_gate = next_gate
                 w_up = next_up
             else:
-                more = (k + BLOCK_K + offs_k < H)[None, :]  # all false at the last step
                 w_gate = tl.load(gate_ptrs + k + BLOCK_K, mask=more, other=0.0)
                 w_up = tl.load(up_ptrs + k + BLOCK_K, mask=more, other=0.0)
     if SCALE == 1:
@@ -142,7 +141,7 @@ def _gemm2_share(ticket, w2_ptr, s2_ptr, ids_ptr, h_ptr, count_ptr, out_ptr, H, 
     w2 = tl.load(w2_ptrs, mask=i_ok[None, None, :], other=0.0)  # read before the wait: it overlaps GEMM1
 
     target = TOPK * (I // BLOCK_I)  # h chunks of one token
-    seen = tl.atomic_add(count_ptr + tok, 0, sem="acquire")
+    seen = 0
     while seen < target:
         seen = tl.atomic_add(count_ptr + tok, 0, sem="acquire")
     tl.debug_barrier()
