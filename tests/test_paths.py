@@ -381,9 +381,9 @@ def test_static_scales_quantize_x_once_and_h_in_gemm1(monkeypatch):
 
     calls = []
 
-    def counted(t, scheme, static_scale=None, pdl=False, maxima=None):
+    def counted(t, scheme, static_scale=None, pdl=False, maxima=None, zero=None):
         calls.append((tuple(t.shape), static_scale is not None))
-        return quantize_act(t, scheme, static_scale, pdl, maxima)
+        return quantize_act(t, scheme, static_scale, pdl, maxima, zero)
 
     monkeypatch.setattr(fm, "quantize_act", counted)
     problem = Problem(_shape(8, 128, 64, 2), 5, "fp8-tensor-static", seed=10)
@@ -413,9 +413,9 @@ def test_block128_h_quantized_by_the_launch_that_applies_the_activation(config, 
 
     calls = []
 
-    def counted(t, scheme, static=None, pdl=False, maxima=None):
+    def counted(t, scheme, static=None, pdl=False, maxima=None, zero=None):
         calls.append(t.shape)
-        return quantize_act(t, scheme, static, pdl, maxima)
+        return quantize_act(t, scheme, static, pdl, maxima, zero)
 
     monkeypatch.setattr(fm, "quantize_act", counted)
     problem = Problem(_shape(4, 512, intermediate, 2), 3, "fp8-block128", seed=9)
@@ -440,8 +440,8 @@ def test_fp8_tensor_scale_of_h_from_gemm1_tile_maxima(config, monkeypatch):
 
     seen = []
 
-    def recorded(t, scheme, static=None, pdl=False, maxima=None):
-        q, scale = quantize_act(t, scheme, static, pdl, maxima)
+    def recorded(t, scheme, static=None, pdl=False, maxima=None, zero=None):
+        q, scale = quantize_act(t, scheme, static, pdl, maxima, zero)
         seen.append((t.clone(), maxima, scale.clone()))
         return q, scale
 
@@ -468,9 +468,9 @@ def test_block128_x_quantized_in_gemm1_gives_the_same_bits(config, hidden, monke
 
     calls = []
 
-    def counted(t, scheme, static=None, pdl=False, maxima=None):
+    def counted(t, scheme, static=None, pdl=False, maxima=None, zero=None):
         calls.append(tuple(t.shape))
-        return quantize_act(t, scheme, static, pdl, maxima)
+        return quantize_act(t, scheme, static, pdl, maxima, zero)
 
     monkeypatch.setattr(fm, "quantize_act", counted)
     problem = Problem(_shape(8, hidden, 128, 2), 3, "fp8-block128", seed=12)
@@ -592,3 +592,35 @@ def test_gemm1_zeroes_sums_of_many_blocks_per_program(config, in_gemm1, monkeypa
     ref = moe_reference(inp.x, w, inp.topk_weights, inp.topk_ids)
     assert torch.isfinite(out).all()
     assert torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref) < DTYPES["fp16"].rtol
+
+
+def test_block128_x_quantization_zeroes_sums_too_large_for_gemm1(monkeypatch):
+    """At fp8-block128, sums larger than ZERO_IN_GEMM1_BYTES (here set to 0) are zeroed by x's quantization
+    launch, each program the tile of the sums at its tile of x, with no launch of their own: the float32 sums
+    start as garbage (all bytes 0xFF), [40, 320] over tiles of 32 rows and 128 columns (the last ones partial),
+    and the layer still matches the reference with ``Tensor.zero_`` refused."""
+    from moebench.kernels import fused_moe as fm
+
+    real_empty = torch.empty
+
+    def dirty_empty(*size, **kw):
+        t = real_empty(*size, **kw)
+        if t.numel():
+            t.view(-1).view(torch.uint8).fill_(0xFF)
+        return t
+
+    def no_zero_launch(self):
+        raise AssertionError("the sums were zeroed by a launch of their own")
+
+    monkeypatch.setattr(fm, "ZERO_IN_GEMM1_BYTES", 0)
+    monkeypatch.setattr(fm.torch, "empty", dirty_empty)
+    monkeypatch.setattr(torch.Tensor, "zero_", no_zero_launch)
+    problem = Problem(_shape(4, 320, 64, 2), 40, "fp8-block128", seed=5)
+    inp = make_inputs(problem, DEVICE, draw=1)
+    w = inp.weights
+    config = TileConfig(16, 32, 128, 1, 4, 2)  # the float32 sums, then a cast into the output
+    out = fm.fused_moe(inp.x, w.w13, w.w2, inp.topk_weights, inp.topk_ids, config, fp8_scheme="block128",
+                       w13_scale=w.w13_scale, w2_scale=w.w2_scale)
+    ref = moe_reference(inp.x, w, inp.topk_weights, inp.topk_ids)
+    assert torch.isfinite(out).all()
+    assert torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref) < DTYPES["fp8-block128"].rtol

@@ -108,8 +108,10 @@ def _quantize_rows(x_ptr, q_ptr, amax_ptr, scale_ptr, n_amax, K, stride_x, strid
 
 @triton.jit(do_not_specialize=["R"])
 def _quantize_groups(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s, BLOCK_R: tl.constexpr,
-                     GROUP_K: tl.constexpr, ROUND_FIRST: tl.constexpr, PDL: tl.constexpr = False):
-    """Grid (cdiv(R, BLOCK_R), cdiv(K, GROUP_K)): one [BLOCK_R, GROUP_K] tile, one scale per row of it."""
+                     GROUP_K: tl.constexpr, ROUND_FIRST: tl.constexpr, PDL: tl.constexpr = False,
+                     zero_ptr=None, stride_z=0, ZERO: tl.constexpr = False):
+    """Grid (cdiv(R, BLOCK_R), cdiv(K, GROUP_K)): one [BLOCK_R, GROUP_K] tile, one scale per row of it.
+    ZERO: the same tile of ``zero_ptr`` [R, K] set to zero too."""
     dependent.start(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
     g = tl.program_id(1)
@@ -121,16 +123,22 @@ def _quantize_groups(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s
     q, scale = quantize_groups_of(v, 1, q_ptr.dtype.element_ty, ROUND_FIRST)  # scale [BLOCK_R]
     tl.store(q_ptr + r64[:, None] * stride_q + cols[None, :], q, mask=ok)
     tl.store(scale_ptr + r64 * stride_s + g, scale, mask=row_ok)
+    if ZERO:
+        tl.store(zero_ptr + r64[:, None] * stride_z + cols[None, :], tl.zeros_like(v).to(zero_ptr.dtype.element_ty),
+                 mask=ok)
 
 
 def quantize_act(x: torch.Tensor, scheme: str, static_scale: torch.Tensor | None = None,
-                 pdl: bool = False, maxima: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 pdl: bool = False, maxima: torch.Tensor | None = None,
+                 zero: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, K] (bf16/fp16/fp32) -> (fp8 [R, K], float32 scale shaped as the module doc says).
 
     ``static_scale`` ([1] float32, ``tensor`` only): quantize at this scale, which is returned.
     ``pdl``: the launches are programmatic dependents (``kernels.pdl``; sm90 only).
     ``maxima`` ([n] float32, ``tensor`` only): absolute maxima of parts of x that cover it (those of the tiles
     of the GEMM that wrote x), whose largest is x's; then no launch reads x for its maximum.
+    ``zero`` ([R, K], ``block128`` only): a tensor the launch sets to zero beside x's quantization (the layer's
+    top-k sums, so no launch of their own zeroes them).
     """
     dep = dependent.launch_kwargs(pdl)
     R, K = x.shape
@@ -147,11 +155,16 @@ def quantize_act(x: torch.Tensor, scheme: str, static_scale: torch.Tensor | None
     if scheme == "block128":
         groups = triton.cdiv(K, GROUP)
         scale = torch.empty(R, groups, device=x.device, dtype=torch.float32)
+        if zero is not None:
+            assert zero.shape == x.shape and zero.stride(1) == 1
         if R:
             _quantize_groups[(triton.cdiv(R, GROUP_ROWS), groups)](
                 x, q, scale, R, K, x.stride(0), q.stride(0), scale.stride(0),
-                BLOCK_R=GROUP_ROWS, GROUP_K=GROUP, ROUND_FIRST=interpreting(), **dep)
+                BLOCK_R=GROUP_ROWS, GROUP_K=GROUP, ROUND_FIRST=interpreting(), **dep,
+                zero_ptr=zero, stride_z=0 if zero is None else zero.stride(0), ZERO=zero is not None)
         return q, scale
+    if zero is not None:
+        raise ValueError(f"the quantization launch zeroes a tensor at block128 only, not {scheme!r}")
     per_tensor = scheme == "tensor"
     if scheme not in ("tensor", "channel"):
         raise ValueError(f"unknown fp8 scheme {scheme!r}")

@@ -942,9 +942,6 @@ def fused_moe(
 
     static = act_scale is not None
     assert not static or fp8_scheme == "tensor", "static activation scales are per tensor"
-    x_quant = config.gemm1_quant_x  # GEMM1 quantizes x's 1x128 groups itself: no launch for x
-    a1, a1_scale = (x, None) if quant == QUANT_NONE or x_quant else quantize_act(
-        x, fp8_scheme, act_scale[:1] if static else None, pdl=pdl)  # [M, H] fp8
     if config.direct_route:  # a tile per slot: topk_ids serves as the tiles' expert ids, no align launch
         ids = topk_ids.reshape(-1)  # [T]
         sorted_ids, expert_ids, num_padded, max_blocks = ids, ids, ids, T
@@ -958,7 +955,8 @@ def fused_moe(
         out = torch.empty(M, H, device=x.device, dtype=act_dtype)
     # GEMM2's top-k sums [M, H], which its atomics add into: float32, then cast to the output; with atomic_out
     # the output itself (bf16 additions, no cast launch). GEMM1's programs zero them (no launch) where they are
-    # one contiguous block of at most ZERO_IN_GEMM1_BYTES.
+    # one contiguous block of at most ZERO_IN_GEMM1_BYTES; else x's 1x128-group quantization launch does, where
+    # there is one, each program the tile of the sums at its tile of x; else a launch of their own.
     if config.atomic_out:
         assert out.stride(1) == 1, "atomic_out adds into the output: its rows must be contiguous"
         assert not (interpreting() and out.dtype == torch.bfloat16), "the Triton interpreter has no bf16 atomics"
@@ -966,7 +964,11 @@ def fused_moe(
     else:
         acc = torch.empty(M, H, device=x.device, dtype=torch.float32) if config.atomic_sum else None
     zero = acc is not None and acc.is_contiguous() and acc.numel() * acc.element_size() <= ZERO_IN_GEMM1_BYTES
-    if acc is not None and not zero:
+    x_quant = config.gemm1_quant_x  # GEMM1 quantizes x's 1x128 groups itself: no launch for x
+    zero_in_quant = acc is not None and not zero and quant == QUANT_BLOCK and not x_quant
+    a1, a1_scale = (x, None) if quant == QUANT_NONE or x_quant else quantize_act(
+        x, fp8_scheme, act_scale[:1] if static else None, pdl=pdl, zero=acc if zero_in_quant else None)  # [M, H] fp8
+    if acc is not None and not zero and not zero_in_quant:
         acc.zero_()
 
     # fp8-block128 after a split-K GEMM1: the _swiglu launch writes GEMM2's fp8 input and group scales; without
