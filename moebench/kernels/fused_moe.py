@@ -503,10 +503,10 @@ def _gemm1_tile(slot, expert, pid_n, x_ptr, w_ptr, h_ptr, h_scale_ptr, x_scale_p
 # Elements per store of GEMM1's zeroing of the sums (``_zero_share``): 2 KB of bf16, 4 KB of float32.
 ZERO_BLOCK = tl.constexpr(1024)
 # The largest sums GEMM1 zeroes; larger ones are zeroed before it, by x's quantization launch at fp8-block128,
-# else by a launch of their own. On an H200 at each point's best
-# config (results/h200-session12/ab-zero-in-gemm1.jsonl) GEMM1 zeroing took 0.955-1.002x the time at the 21
-# points of M <= 64 (sums up to 0.9 MB; Qwen3 fp8-block128 M=1 24.2 to 23.1 us), 0.996-1.002x at M=256 and
-# 0.989-1.086x at M >= 1024 (Mixtral bf16 and fp8-tensor M=4096, 34 MB: 1.073x and 1.086x).
+# else by a launch of their own. On an H200 at each point's best config (results/h200-session12/
+# ab-zero-in-gemm1.jsonl) GEMM1 zeroing took 0.955-1.002x the time at the 21 points of M <= 64 (sums up to
+# 0.9 MB; Qwen3 fp8-block128 M=1 24.2 to 23.1 us), 0.996-1.002x at M=256 and 0.989-1.086x at M >= 1024
+# (Mixtral bf16 and fp8-tensor M=4096, 34 MB: 1.073x and 1.086x).
 ZERO_IN_GEMM1_BYTES = 1 << 20
 
 
