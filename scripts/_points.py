@@ -92,9 +92,10 @@ def layer(kernels, inp: MoEInputs, cfg: TileConfig, out: torch.Tensor) -> Callab
     return run
 
 
-def checked_error(run: Callable[[], None], out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Relative error of one run against the reference, with the output poisoned first."""
-    out.fill_(float("nan"))
+def checked_error(run: Callable[[], None], out: torch.Tensor, ref: torch.Tensor, *poisoned: torch.Tensor) -> float:
+    """Relative error of one run against the reference, with the output (and ``poisoned``) set to NaN first."""
+    for t in (out, *poisoned):
+        t.fill_(float("nan"))
     run()
     return ((out.float() - ref).norm() / ref.norm()).item()
 
