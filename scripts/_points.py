@@ -6,6 +6,8 @@ A script run as ``python3 scripts/x.py`` finds this module next to it.
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 from collections.abc import Callable
 from glob import glob
 from types import ModuleType
@@ -16,6 +18,7 @@ from moebench.models import get_model, shard
 from moebench.paths.torch_ref import moe_reference
 from moebench.problem import MoEInputs, Problem, make_inputs
 from moebench.results import load_run
+from moebench.roofline import Ceilings, measure_ceilings
 from moebench.tile import TileConfig
 from moebench.timing import time_graph
 
@@ -137,3 +140,32 @@ def check_then_time(row: dict, variants: dict, inp: MoEInputs, out: torch.Tensor
             t = round(time_graph(fn, budget_s=0.3).median_us, 1)
             row[label] = min(t, row.get(label, t))
     return row
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def measure_best_points(path: str, measure: Callable[[str, str, int, TileConfig, Ceilings], dict],
+                        printed: tuple[str, ...]) -> list[dict]:
+    """Every point of ``REPORT_RUNS`` measured at its best config by ``measure(model, dtype, m, config,
+    ceilings)``, the ceilings measured first: the JSON Lines file ``path`` gets a line of the ceilings, then each
+    row as it finishes, whose ``point`` and ``printed`` fields are printed. Returns the rows."""
+    ceilings = measure_ceilings()
+    rows = []
+    with open(path, "w") as f:
+        f.write(json.dumps(dict(ceilings=ceilings.as_dict())) + "\n")
+        for (model, dtype, m), best in sorted(best_rows(*REPORT_RUNS).items()):
+            row = measure(model, dtype, m, TileConfig.from_dict(best["config"]), ceilings)
+            rows.append(row)
+            f.write(json.dumps(row) + "\n")
+            print(row["point"], *(row.get(k) for k in printed), flush=True)
+            torch.cuda.empty_cache()
+    return rows
+
+
+def append_summary(path: str, summary: dict) -> None:
+    """The summary line after a run's rows in ``path``, and printed."""
+    with open(path, "a") as f:
+        f.write(json.dumps(dict(summary=summary)) + "\n")
+    print(json.dumps(dict(summary=summary), indent=1))

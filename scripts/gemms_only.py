@@ -19,17 +19,15 @@ one checked call of its layer gave them: a check that these terms give the ancho
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 
 import torch
-from _points import REPORT_RUNS, best_rows, checked_error, layer, point_setup
+from _points import append_summary, checked_error, geomean, layer, measure_best_points, point_setup
 
 import moebench.kernels.fused_moe as kernels
 from moebench.paths import Target, get_path
 from moebench.problem import MoEInputs
-from moebench.roofline import floor, measure_ceilings
+from moebench.roofline import floor
 from moebench.tile import TileConfig
 from moebench.timing import time_graph
 
@@ -115,10 +113,6 @@ def cutlass_gemms_alone(inp: MoEInputs, problem, out: torch.Tensor):
     return (lambda: [fn(*args, **kwargs) for fn, args, kwargs, _ in calls]), [result for *_, result in calls]
 
 
-def geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
-
-
 def measure(model: str, dtype: str, m: int, cfg: TileConfig, ceilings) -> dict:
     """One point's row: both forms checked, then timed, then placed against the floor."""
     problem, inp, ref, out = point_setup(model, dtype, m)
@@ -154,27 +148,17 @@ def measure(model: str, dtype: str, m: int, cfg: TileConfig, ceilings) -> dict:
 
 
 def main(path: str) -> None:
-    ceilings = measure_ceilings()
-    rows = []
-    with open(path, "w") as f:
-        f.write(json.dumps(dict(ceilings=ceilings.as_dict())) + "\n")
-        for (model, dtype, m), best in sorted(best_rows(*REPORT_RUNS).items()):
-            row = measure(model, dtype, m, TileConfig.from_dict(best["config"]), ceilings)
-            rows.append(row)
-            f.write(json.dumps(row) + "\n")
-            print(row["point"], row.get("layer_pct"), row.get("gemms_pct"), row.get("cutlass_gemms_pct"),
-                  row["layer_err"], row["gemms_err"], flush=True)
-        summary = {}
-        for over, need in (("all", "gemms_pct"), ("cutlass_points", "cutlass_gemms_pct")):
-            timed = [r for r in rows if need in r]
-            summary[over] = dict(points=len(timed))
-            for label in ("layer_pct", "gemms_pct", "cutlass_gemms_pct"):
-                pct = [r[label] for r in timed if label in r]
-                if len(pct) == len(timed):
-                    summary[over][label] = dict(geomean=round(geomean(pct), 1), lowest=min(pct),
-                                                under_60=sum(p < 60 for p in pct))
-        f.write(json.dumps(dict(summary=summary)) + "\n")
-    print(json.dumps(dict(summary=summary)))
+    rows = measure_best_points(path, measure, ("layer_pct", "gemms_pct", "cutlass_gemms_pct", "layer_err", "gemms_err"))
+    summary = {}
+    for over, need in (("all", "gemms_pct"), ("cutlass_points", "cutlass_gemms_pct")):
+        timed = [r for r in rows if need in r]
+        summary[over] = dict(points=len(timed))
+        for label in ("layer_pct", "gemms_pct", "cutlass_gemms_pct"):
+            pct = [r[label] for r in timed if label in r]
+            if len(pct) == len(timed):
+                summary[over][label] = dict(geomean=round(geomean(pct), 1), lowest=min(pct),
+                                            under_60=sum(p < 60 for p in pct))
+    append_summary(path, summary)
 
 
 if __name__ == "__main__":

@@ -20,27 +20,21 @@ GEMMs as fast as cuBLAS's dense ones, with nothing else to do, would take that. 
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from collections.abc import Callable
 
 import torch
-from _points import REPORT_RUNS, best_rows, checked_error, layer, point_setup
+from _points import append_summary, checked_error, geomean, layer, measure_best_points, point_setup
 
 import moebench.kernels.fused_moe as kernels
 from moebench.kernels.stream import read_all
 from moebench.problem import Problem
-from moebench.roofline import Ceilings, floor, measure_ceilings
+from moebench.roofline import Ceilings, floor
 from moebench.tile import TileConfig
 from moebench.timing import time_graph
 from moebench.tuning import SMS
 
 GOAL_PCT = 85.0  # the geometric mean of pct_of_floor
-
-
-def geomean(xs: list[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def fastest(fns: dict[str, Callable[[], None]], budget_s: float = 0.05) -> tuple[str, float]:
@@ -135,20 +129,8 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def main(path: str) -> None:
-    ceilings = measure_ceilings()
-    rows = []
-    with open(path, "w") as f:
-        f.write(json.dumps(dict(ceilings=ceilings.as_dict())) + "\n")
-        for (model, dtype, m), best in sorted(best_rows(*REPORT_RUNS).items()):
-            row = measure(model, dtype, m, TileConfig.from_dict(best["config"]), ceilings)
-            rows.append(row)
-            f.write(json.dumps(row) + "\n")
-            print(row["point"], *(row.get(k) for k in ("layer_pct", "read_pct", "gemm_pct", "bound_pct", "error")),
-                  flush=True)
-            torch.cuda.empty_cache()
-        summary = summarize(rows)
-        f.write(json.dumps(dict(summary=summary)) + "\n")
-    print(json.dumps(dict(summary=summary), indent=1))
+    rows = measure_best_points(path, measure, ("layer_pct", "read_pct", "gemm_pct", "bound_pct", "error"))
+    append_summary(path, summarize(rows))
 
 
 if __name__ == "__main__":
