@@ -1,5 +1,7 @@
-"""moebench: benchmark and autotune fused Mixture-of-Experts kernels on Hopper GPUs."""
+"""moebench: benchmark and autotune fused Mixture-of-Experts kernels on Hopper GPUs.
 
-from moebench import _interpret  # noqa: F401  (must run before any kernel is decorated)
+Importing the package imports neither torch nor Triton: the command line stays fast, and the kernels
+(``moebench.kernels``) turn on the Triton interpreter where there is no GPU when they are first imported.
+"""
 
 __version__ = "0.1.0"
