@@ -37,7 +37,7 @@ import pandas as pd
 from moebench.dtypes import get_dtype
 from moebench.errors import UserError
 from moebench.results import write_text_atomic
-from moebench.tile import TileConfig, uses_retired_field
+from moebench.tile import TileConfig
 
 LAYOUTS = ("vllm", "sglang")
 TABLE_KEY = ("experts", "intermediate", "dtype", "device_name")  # the key of best_configs' result
@@ -180,8 +180,9 @@ def best_configs(df: pd.DataFrame) -> dict[tuple, ConfigTable]:
     """The fastest tile config per (experts, intermediate, dtype, device_name) and M, from a run's rows.
 
     Uses triton-path rows with status ok (and correct), a config and a timing, and only
-    ``portable`` configs: a time measured with Swap-AB, split-K or the stored top-k sum
-    says nothing about the engines' kernels, which have none of them.
+    ``portable`` configs (every moebench-only field of ``tile.FIELDS`` off): a time measured
+    with Swap-AB, split-K or any other moebench-only form says nothing about the engines'
+    kernels, which have none of them.
     ``intermediate`` and ``experts`` must be the per-GPU shape that was benchmarked
     (vLLM's N and E). Rows from the CPU interpreter are refused (UserError): their
     timings say nothing about which tile is fastest on a GPU.
@@ -194,10 +195,8 @@ def best_configs(df: pd.DataFrame) -> dict[tuple, ConfigTable]:
     simply the lowest time_us.
     """
     rows = df[(df["path"] == "triton") & (df["status"] == "ok") & df["time_us"].notna()]
-    # Only configs the engines' kernels can run as written: not Swap-AB, split-K or the stored top-k sum
-    # (nor the retired moebench-only block_rescale, set in some rows of older runs).
-    portable = rows["config"].map(lambda c: isinstance(c, Mapping) and not uses_retired_field(c)
-                                  and TileConfig.from_dict(dict(c)).portable)
+    # Only configs the engines' kernels can run as written.
+    portable = rows["config"].map(lambda c: isinstance(c, Mapping) and TileConfig.from_dict(dict(c)).portable)
     rows = rows[portable.astype(bool)]
     if "correct" in rows.columns:
         rows = rows[rows["correct"].map(lambda v: _flag(v) is not False)]

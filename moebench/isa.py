@@ -29,7 +29,8 @@ def _count(kernel, kind: str, op: str) -> int | None:
 
 
 def matrix_instructions(problem: Problem, configs: list[TileConfig]) -> list[dict]:
-    """One row per (config, kernel): the count of each matrix instruction in its PTX and SASS."""
+    """One row per (config, kernel): the config's short label (``tile.short_label``), the count of each matrix
+    instruction in its PTX and SASS, and the registers and spills per thread."""
     if not torch.cuda.is_available():
         raise UserError("isa needs a CUDA GPU: the interpreter compiles nothing")
     s = problem.shape
@@ -42,12 +43,7 @@ def matrix_instructions(problem: Problem, configs: list[TileConfig]) -> list[dic
         fused_moe(inputs.x, w.w13, w.w2, inputs.topk_weights, inputs.topk_ids, cfg, fp8_scheme=w.fp8_scheme,
                   w13_scale=w.w13_scale, w2_scale=w.w2_scale, compiled=kernels)
         for name, k in zip(("gemm1_swiglu", "gemm2_combine"), kernels):
-            row = {"kernel": name, "swap_ab": cfg.swap_ab, "BLOCK_M": cfg.BLOCK_SIZE_M,
-                   "BLOCK_N": cfg.BLOCK_SIZE_N, "BLOCK_K": cfg.BLOCK_SIZE_K, "warps": cfg.num_warps,
-                   "gemm1_merged": cfg.gemm1_merged, "gemm1_quant_x": cfg.gemm1_quant_x, "gemm1_tma": cfg.gemm1_tma,
-                   "gemm2_split_k": cfg.gemm2_split_k, "atomic_out": cfg.atomic_out,
-                   "gemm2_columns_first": cfg.gemm2_columns_first, "gemm2_preload": cfg.gemm2_preload,
-                   "tail_tiles": cfg.tail_tiles}
+            row = {"kernel": name, "config": cfg.label}  # every field away from its default, by its mark
             row.update({f"{kind}:{op}": _count(k, kind, op) for kind, op in OPS})
             row.update(regs=getattr(k, "n_regs", None), spills=getattr(k, "n_spills", None))
             rows.append(row)

@@ -1,21 +1,19 @@
 """Compile a tuned point's candidate tile configs in worker processes, all at once, before they are timed.
 
-Each tuning candidate is a new set of Triton kernels to compile: on the H200's machine (16 cores) about a
-second of one CPU core per candidate, against about 0.1 s to check and time it, so a tuned sweep spent most of
-its time compiling one kernel after another (DeepSeek-V3@tp8 fp8-block128 M=4: 102 of its 288 candidates in
-110 s, results/h200-kernels-2c1f5bd). A worker runs each candidate once on the GPU, which compiles its
-kernels into Triton's on-disk cache (``TRITON_CACHE_DIR``, inherited); the sweep's process then finds them
-there and loads them instead of compiling. The workers run before a point is timed, never while it is, so
-no timing shares the GPU with them.
+Each tuning candidate is a new set of Triton kernels to compile, which takes far longer than checking and
+timing it: compiled one after another, they would be most of a tuned sweep's time. A worker runs each
+candidate once on the GPU, which compiles its kernels into Triton's on-disk cache (``TRITON_CACHE_DIR``,
+inherited); the sweep's process then finds them there and loads them instead of compiling. The workers run
+before a point is timed, never while it is, so no timing shares the GPU with them.
 
 Nothing depends on a worker succeeding: a candidate a worker could not run (out of shared memory, say) is
 compiled and reported by the sweep's process as before.
 
-GPU memory: each worker builds the point's weights itself, one worker at a time (a lock), and gives the
-temporaries back to the GPU before the next one starts (twelve workers building DeepSeek-V3@tp8 fp8-block128's
-weights at once ran an H200 out of memory). A pool serves the points of one shape and dtype, and is replaced
-by a new one when they change, so idle workers never hold another shape's weights; it has as many workers as
-fit in half the GPU's free memory (``workers_for``), the other half left to the sweep's process.
+GPU memory: each worker builds the point's weights itself, one worker at a time (a lock: many workers
+building large weights at once can run the GPU out of memory), and gives the temporaries back to the GPU
+before the next one starts. A pool serves the points of one shape and dtype, and is replaced by a new one
+when they change, so idle workers never hold another shape's weights; it has as many workers as fit in half
+the GPU's free memory (``workers_for``), the other half left to the sweep's process.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from moebench.problem import Problem
 from moebench.tile import TileConfig
 
 # Workers by default: one per core but one (the sweep's own), at most 12; each holds a CUDA context and the
-# point's weights (DeepSeek-V3@tp8 fp8-block128: 1.4 GB) on the GPU.
+# point's weights on the GPU.
 MAX_DEFAULT_JOBS = 12
 # GPU memory a worker takes besides the weights: its CUDA context, the point's inputs and the layer's buffers.
 WORKER_OVERHEAD_BYTES = 1 << 30

@@ -101,7 +101,8 @@ def make_weights(shape: MoEShape, dtype: str, seed: int, device: torch.device | 
 
 def make_inputs(problem: Problem, device: torch.device | str, weights: Weights | None = None,
                 draw: int = 0) -> MoEInputs:
-    """Activations and routing for ``problem``; ``draw`` picks a fresh independent set (0 = the timed one)."""
+    """Activations and routing for ``problem``; ``draw`` picks a fresh independent set (0: the one a sweep
+    checks and times)."""
     s = problem.shape
     if weights is None:
         weights = make_weights(s, problem.dtype, problem.seed, device)

@@ -1,52 +1,92 @@
-"""One tile configuration of the fused-MoE Triton kernels, and the default choice.
+"""One tile configuration of the fused-MoE Triton kernels, its fields declared once, and the default choice.
 
 Field names match the keys of vLLM's and SGLang's tuned-config JSON files, so a
 row of such a file loads as ``TileConfig.from_dict`` and ``to_vllm_dict`` writes
-one back unchanged.
+one back unchanged. ``FIELDS`` declares each field once: what it is, its mark in
+a short label, and whether the engines' kernels read it; ``portable``,
+``to_vllm_dict`` and ``short_label`` are derived from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 
 from moebench.errors import UserError
-
-_VLLM_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+from moebench.hardware import DeviceLimits
 
 
 def _pow2(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
 
 
-def uses_retired_field(d: Mapping) -> bool:
-    """Whether a config dict sets ``block_rescale``, a moebench-only field that was retired: rows of
-    commit bab17e1 carry it (mostly false); a false one loads, a true one describes no kernel built now."""
-    return bool(d.get("block_rescale", False))
+@dataclass(frozen=True)
+class TileField:
+    """One field of ``TileConfig``: what it is, how a short label shows it, and who can run it."""
+
+    name: str
+    doc: str  # what the field sets
+    mark: str  # its mark in a short label, "{}" standing for the value; "" for the tile's shape (MxNxK)
+    engine: bool = False  # one of the six keys vLLM's and SGLang's kernels read; else moebench-only
+    always: bool = False  # marked in every label; else only where it is away from its default
+    default_as: str = ""  # a field whose value means the same as this field's default
+
+
+# In the order a short label lists them. Moebench-only fields are portable (the engines run the config)
+# only at their default, which is each field's off position.
+FIELDS: tuple[TileField, ...] = (
+    TileField("BLOCK_SIZE_M", "token-slot rows per tile (the align step pads each expert to this)", "", engine=True),
+    TileField("BLOCK_SIZE_N", "output columns per tile", "", engine=True),
+    TileField("BLOCK_SIZE_K", "reduction step", "", engine=True),
+    TileField("num_warps", "warps per program", "w{}", engine=True, always=True),
+    TileField("num_stages", "software-pipeline stages of the K loop", "s{}", engine=True, always=True),
+    TileField("GROUP_SIZE_M", "row tiles visited together, for L2 reuse of weights", "g{}", engine=True),
+    TileField("swap_ab", "compute C^T = W . X^T: the expert dimension fills the MMA's 64-row side", "swap"),
+    TileField("atomic_sum", "top-k sum by atomics in GEMM2's epilogue, else rows stored then summed",
+              "stored-sum"),
+    TileField("atomic_out", "the atomic sum adds into the output's own dtype, no float32 buffer", "out-sum"),
+    TileField("split_k", "GEMM1 programs per output tile, each over a share of K", "split{}"),
+    TileField("gemm2_split_k", "GEMM2 programs per output tile, each over a share of K; needs atomic_sum",
+              "g2split{}"),
+    TileField("direct_route", "a tile per token slot, its expert read from topk_ids: no align step", "direct"),
+    TileField("gemm2_block_n", "GEMM2's output columns per tile; 0: BLOCK_SIZE_N", "n2={}",
+              default_as="BLOCK_SIZE_N"),
+    TileField("gemm2_n_tiles", "GEMM2 column tiles per program, in one pipelined loop", "n2tiles={}"),
+    TileField("gemm1_merged", "GEMM1 as one MMA per K step over gate and up rows together", "merged"),
+    TileField("gemm1_quant_x", "fp8-block128: GEMM1 quantizes x in its K loop, no launch for it", "quant-x"),
+    TileField("gemm1_tma", "GEMM1 reads its weight tiles by TMA, not pointer loads", "tma"),
+    TileField("gemm2_columns_first", "GEMM2 runs every row tile of a column chunk before the next", "cols-first"),
+    TileField("gemm2_preload", "direct_route: GEMM2 reads 2 K steps of weights before GEMM1 ends", "preload"),
+    TileField("tail_tiles", "an expert's last row tile runs at BLOCK_M >> i rows, i <= this, where it fits",
+              "tail{}"),
+)
+FIELD = {f.name: f for f in FIELDS}
 
 
 @dataclass(frozen=True)
 class TileConfig:
-    BLOCK_SIZE_M: int  # token-slot rows per tile (the align step pads each expert to this)
-    BLOCK_SIZE_N: int  # output columns per tile
-    BLOCK_SIZE_K: int  # reduction step
-    GROUP_SIZE_M: int = 1  # tiles along M visited together, for L2 reuse of weights
+    """A tile configuration; ``FIELDS`` says what each field is."""
+
+    BLOCK_SIZE_M: int
+    BLOCK_SIZE_N: int
+    BLOCK_SIZE_K: int
+    GROUP_SIZE_M: int = 1
     num_warps: int = 4
     num_stages: int = 3
-    swap_ab: bool = False  # compute C^T = W . X^T (moebench's kernels only; not written to vLLM/SGLang files)
-    atomic_sum: bool = True  # top-k sum by atomics in GEMM2's epilogue, else rows stored then summed (moebench only)
-    split_k: int = 1  # GEMM1 programs per output tile, each over a share of K (moebench only)
-    direct_route: bool = False  # a tile per token slot, its expert read from topk_ids: no align step (moebench only)
-    gemm2_block_n: int = 0  # GEMM2's output columns per tile, if not GEMM1's; 0: the same (moebench only)
-    gemm2_n_tiles: int = 1  # GEMM2 column tiles per program, in one pipelined loop (moebench only)
-    gemm1_merged: bool = False  # GEMM1 as one MMA per K step over gate and up rows together (moebench only)
-    gemm1_quant_x: bool = False  # fp8-block128: GEMM1 quantizes x in its K loop, no launch for it (moebench only)
-    gemm1_tma: bool = False  # GEMM1 reads its weight tiles by TMA, not pointer loads (moebench only)
-    gemm2_split_k: int = 1  # GEMM2 programs per output tile, each over a share of K; needs atomic_sum (moebench only)
-    atomic_out: bool = False  # atomic_sum adds into the output's own dtype (bf16), no float32 buffer (moebench only)
-    gemm2_columns_first: bool = False  # GEMM2 runs every row tile of a column chunk before the next (moebench only)
-    gemm2_preload: bool = False  # direct_route: GEMM2 reads 2 K steps of weights before GEMM1 ends (moebench only)
-    tail_tiles: int = 0  # an expert's last row tile runs at BLOCK_M >> i rows, i <= this, where it fits (moebench only)
+    swap_ab: bool = False
+    atomic_sum: bool = True
+    split_k: int = 1
+    direct_route: bool = False
+    gemm2_block_n: int = 0
+    gemm2_n_tiles: int = 1
+    gemm1_merged: bool = False
+    gemm1_quant_x: bool = False
+    gemm1_tma: bool = False
+    gemm2_split_k: int = 1
+    atomic_out: bool = False
+    gemm2_columns_first: bool = False
+    gemm2_preload: bool = False
+    tail_tiles: int = 0
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -85,11 +125,8 @@ class TileConfig:
             raise UserError("tile config: gemm1_tma is for GEMM1 as a gate and an up MMA (not gemm1_merged)")
 
     @classmethod
-    def from_dict(cls, d: dict) -> TileConfig:
+    def from_dict(cls, d: Mapping) -> TileConfig:
         d = dict(d)
-        if uses_retired_field(d):
-            raise UserError("tile config: block_rescale (rescaled fp8-block128 accumulation) is no longer built")
-        d.pop("block_rescale", None)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -99,22 +136,23 @@ class TileConfig:
 
     @property
     def portable(self) -> bool:
-        """Whether vLLM's and SGLang's kernels run this config as written (no moebench-only field set)."""
-        return (not self.swap_ab and self.atomic_sum and self.split_k == 1 and not self.direct_route
-                and self.gemm2_block_n in (0, self.BLOCK_SIZE_N)
-                and self.gemm2_n_tiles == 1 and not self.gemm1_merged
-                and not self.gemm1_tma and not self.atomic_out
-                and self.gemm2_split_k == 1 and not self.gemm2_columns_first
-                and not self.tail_tiles)  # gemm1_quant_x implies direct_route
+        """Whether vLLM's and SGLang's kernels run this config as written: every moebench-only field off."""
+        d = asdict(self)
+        return all(_at_default(f, d) for f in FIELDS if not f.engine)
 
     @property
     def block_n2(self) -> int:
         """GEMM2's BLOCK_N."""
         return self.gemm2_block_n or self.BLOCK_SIZE_N
 
+    @property
+    def label(self) -> str:
+        """The config as tables print it (``short_label``)."""
+        return short_label(asdict(self))
+
     def to_vllm_dict(self) -> dict[str, int]:
-        d = asdict(self)
-        return {k: d[k] for k in _VLLM_KEYS}
+        """The six keys the engines read, in their files' order."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if FIELD[f.name].engine}
 
     def as_dict(self) -> dict:
         """Every field, for moebench's own rows (``to_vllm_dict`` drops what vLLM does not read)."""
@@ -124,12 +162,27 @@ class TileConfig:
         return tuple(asdict(self).values())
 
 
+DEFAULTS = {f.name: f.default for f in fields(TileConfig) if f.default is not MISSING}
+
+
+def _at_default(f: TileField, config: Mapping) -> bool:
+    value = config.get(f.name, DEFAULTS.get(f.name))
+    return value == DEFAULTS.get(f.name) or (bool(f.default_as) and value == config.get(f.default_as))
+
+
+def short_label(config: Mapping) -> str:
+    """A config dict as tables print it: the tile's shape (MxNxK), then the mark of each field ``FIELDS``
+    shows always or that is away from its default, e.g. "128x128x64 w8 s3 g8 swap". A field the dict lacks
+    (rows of older runs) counts as at its default."""
+    shape = "x".join(str(config[f.name]) for f in FIELDS if not f.mark)
+    marks = [f.mark.format(config.get(f.name, DEFAULTS.get(f.name)))
+             for f in FIELDS if f.mark and (f.always or not _at_default(f, config))]
+    return " ".join([shape, *marks])
+
+
 def tma_rows(row_elems: int, elem_bytes: int) -> bool:
     """Whether rows of a matrix can be read by TMA (``gemm1_tma``): their bytes a multiple of 16."""
     return row_elems * elem_bytes % 16 == 0
-
-
-SMEM_LIMIT = 227 * 1024  # bytes of shared memory one block may use on sm90
 
 
 def smem_bytes(cfg: TileConfig, elem_bytes: int) -> int:
@@ -138,9 +191,11 @@ def smem_bytes(cfg: TileConfig, elem_bytes: int) -> int:
     return per_stage * cfg.num_stages
 
 
-def fit_stages(cfg: TileConfig, elem_bytes: int) -> TileConfig:
-    """The config with num_stages lowered until its operand tiles fit in shared memory."""
-    while cfg.num_stages > 1 and smem_bytes(cfg, elem_bytes) > SMEM_LIMIT:
+def fit_stages(cfg: TileConfig, elem_bytes: int, limits: DeviceLimits | None = None) -> TileConfig:
+    """The config with num_stages lowered until its operand tiles fit in a block's shared memory
+    (``limits``: the current device's if not given)."""
+    smem = (limits or DeviceLimits.current()).smem_bytes
+    while cfg.num_stages > 1 and smem_bytes(cfg, elem_bytes) > smem:
         cfg = replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
 
@@ -151,17 +206,14 @@ def busy_slots(per_expert: float) -> float:
     return per_expert + 2 * per_expert**0.5
 
 
-def default_config(M: int, experts: int, topk: int, elem_bytes: int = 2, block_k: int | None = None) -> TileConfig:
+def default_config(M: int, experts: int, topk: int, elem_bytes: int = 2, block_k: int | None = None,
+                   limits: DeviceLimits | None = None) -> TileConfig:
     """A reasonable untuned tile for ``M`` tokens: small token tiles at decode, large at prefill.
 
-    The tile height follows the number of token slots per expert (``M * topk / experts``): padding each expert
-    to a tall tile wastes the tensor core when experts see few tokens. Up to 32 rows it is the lowest that
-    holds a busy expert's slots (``busy_slots``) in one row tile, so most experts take one tile: on an H200
-    (these configs' rows in the tuned run of results/h200-kernels-b71c20a) 32 rows at 16 slots per expert
-    took 0.77-0.94x the time of 16 at Mixtral M=64 and Qwen3 bf16 M=256 (1.02x at Qwen3 fp8-block128), and
-    64 rows at DeepSeek-V3@tp8 M=1024 (32 per expert) 0.82x that of 32. At 64 per expert, 128-row tiles
-    took 0.97-1.08x the time of 64-row ones at bf16 and fp8-tensor and 1.37x at fp8-block128, so taller
-    tiles follow the average. ``block_k`` pins BLOCK_SIZE_K (128 for 128x128 block-scaled fp8).
+    The tile height follows the token slots per expert (``M * topk / experts``): padding each expert to a tall
+    tile wastes the tensor core when experts see few tokens. Up to 32 rows it is the lowest that holds a busy
+    expert's slots (``busy_slots``) in one row tile, so most experts take one tile; then 64 rows up to 96 slots
+    per expert on average, 128 above. ``block_k`` pins BLOCK_SIZE_K (128 for 128x128 block-scaled fp8).
     """
     per_expert = M * topk / experts
     busy = busy_slots(per_expert)
@@ -175,4 +227,4 @@ def default_config(M: int, experts: int, topk: int, elem_bytes: int = 2, block_k
         cfg = TileConfig(128, 128, 64, 8, 8, 3)
     if block_k is not None:
         cfg = replace(cfg, BLOCK_SIZE_K=block_k)
-    return fit_stages(cfg, elem_bytes)
+    return fit_stages(cfg, elem_bytes, limits)

@@ -8,13 +8,10 @@ steps through many layers. Each replay is bracketed by its own events; the
 flush runs before the start event and keeps the GPU busy while the host
 enqueues the replay.
 
-The flush reads; it does not write. A zero fill (the flush of every run
-before session 14, ``FLUSH = "zero"``) leaves L2 full of dirty lines, which
-the timed kernels' reads then evict, writing them back to HBM while they read:
-work of the flush's, billed to the timed code. On an H200 it made a one-launch
-read of 29 MB take 14.2 us, not 11.2, and the wide models' M=1 layers
-1.11-1.29x as long, while prefill layers moved by at most 3%
-(results/h200-session14/flush-ab.jsonl).
+The flush reads; it does not write. A zero fill (``flush="zero"``, kept to
+compare with runs timed that way) leaves L2 full of dirty lines, which the
+timed kernels' reads then evict, writing them back to HBM while they read:
+work of the flush's, billed to the timed code.
 
 Paths that synchronize with the host (the torch reference) use
 ``time_eager``; the Triton interpreter on the CPU uses ``time_wallclock``, and
@@ -32,21 +29,27 @@ import torch
 
 from moebench.kernels.stream import read_all
 
-# How L2 is emptied before each timed call: "read" (a buffer 4x the L2 read through), or "zero" (the same
-# buffer zero-filled, as runs before session 14 did; kept to compare with them).
-FLUSH = "read"
-_FLUSH_TEXT = {"read": "a read of 4x its size", "zero": "a zero fill of 4x its size"}
+# How L2 is emptied before each timed call (the ``flush`` argument): "read" (a buffer 4x the L2 read
+# through), or "zero" (the same buffer zero-filled).
+FLUSH_MODES = {"read": "a read of 4x its size", "zero": "a zero fill of 4x its size"}
 WALLCLOCK = "cpu wall clock under the Triton interpreter (correctness only, not GPU performance)"
 
 
-def graph_method() -> str:
+def _flush_text(mode: str) -> str:
+    try:
+        return FLUSH_MODES[mode]
+    except KeyError:
+        raise ValueError(f"unknown L2 flush {mode!r}; known: {', '.join(FLUSH_MODES)}") from None
+
+
+def graph_method(flush: str = "read") -> str:
     """The timing method of ``time_graph`` as rows and run metadata name it."""
-    return f"cuda-graph replay, L2 emptied before each replay ({_FLUSH_TEXT[FLUSH]}), median"
+    return f"cuda-graph replay, L2 emptied before each replay ({_flush_text(flush)}), median"
 
 
-def eager_method() -> str:
+def eager_method(flush: str = "read") -> str:
     """The timing method of ``time_eager`` as rows name it."""
-    return f"eager launches, per-call CUDA events, L2 emptied ({_FLUSH_TEXT[FLUSH]}), median"
+    return f"eager launches, per-call CUDA events, L2 emptied ({_flush_text(flush)}), median"
 
 
 @dataclass(frozen=True)
@@ -65,12 +68,14 @@ class Timing:
 
 
 class L2Flush:
-    """Empties L2 when called, as ``mode`` says ("read" or "zero"; ``FLUSH`` if not given): reads ``buf``
-    through (its sums into ``partial``), or zero-fills it."""
+    """Empties L2 when called, as ``mode`` says: "read" reads ``buf`` through (its sums into ``partial``),
+    "zero" zero-fills it."""
 
-    def __init__(self, nbytes: int, programs: int, device: torch.device | str, mode: str | None = None) -> None:
+    def __init__(self, nbytes: int, programs: int, device: torch.device | str, mode: str = "read") -> None:
+        _flush_text(mode)
+        self.mode = mode
         self.buf = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)  # [nbytes / 2], filled once
-        read = (mode or FLUSH) == "read"
+        read = mode == "read"
         self.partial = torch.empty(programs, dtype=torch.float32, device=device) if read else None  # [programs]
 
     def __call__(self) -> None:
@@ -80,7 +85,7 @@ class L2Flush:
             read_all(self.buf, self.partial)
 
 
-def device_flush(device: torch.device, mode: str | None = None) -> L2Flush:
+def device_flush(device: torch.device, mode: str = "read") -> L2Flush:
     """An ``L2Flush`` of 4x the device's L2 (at least 256 MiB), 8 programs per SM reading it."""
     props = torch.cuda.get_device_properties(device)
     return L2Flush(max(256 << 20, 4 * props.L2_cache_size), 8 * props.multi_processor_count, device, mode)
@@ -91,9 +96,9 @@ def _reps_for(estimate_us: float, budget_s: float, lo: int, hi: int) -> int:
 
 
 def time_graph(fn: Callable[[], None], *, budget_s: float = 0.3, min_reps: int = 20, max_reps: int = 200,
-               warmup: int = 3, flush: Callable[[], None] | None = None) -> Timing:
-    """Median time of one replay of ``fn`` captured in a CUDA graph, with a cold L2 (``flush`` empties it
-    before each replay: the device's ``L2Flush`` if not given)."""
+               warmup: int = 3, flush: str = "read") -> Timing:
+    """Median time of one replay of ``fn`` captured in a CUDA graph, with a cold L2 (the device's
+    ``L2Flush`` of mode ``flush`` empties it before each replay)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -103,20 +108,21 @@ def time_graph(fn: Callable[[], None], *, budget_s: float = 0.3, min_reps: int =
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return _time_replays(graph.replay, budget_s, min_reps, max_reps, graph_method(), flush)
+    return _time_replays(graph.replay, budget_s, min_reps, max_reps, graph_method(flush), flush)
 
 
 def time_eager(fn: Callable[[], None], *, budget_s: float = 0.3, min_reps: int = 5, max_reps: int = 50,
-               warmup: int = 1) -> Timing:
-    """Median time of eager calls of ``fn`` (for closures that synchronize with the host)."""
+               warmup: int = 1, flush: str = "read") -> Timing:
+    """Median time of eager calls of ``fn`` (for closures that synchronize with the host), L2 emptied as
+    ``flush`` says before each."""
     for _ in range(warmup):
         fn()
-    return _time_replays(fn, budget_s, min_reps, max_reps, eager_method())
+    return _time_replays(fn, budget_s, min_reps, max_reps, eager_method(flush), flush)
 
 
 def _time_replays(launch: Callable[[], None], budget_s: float, min_reps: int, max_reps: int,
-                  method: str, flush: Callable[[], None] | None = None) -> Timing:
-    flush = flush or device_flush(torch.device("cuda", torch.cuda.current_device()))
+                  method: str, mode: str) -> Timing:
+    flush = device_flush(torch.device("cuda", torch.cuda.current_device()), mode)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def once() -> float:

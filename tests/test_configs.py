@@ -242,9 +242,6 @@ def test_best_configs_exports_only_configs_the_engines_can_run():
         r = row(1, None, 20.0)
         r["config"] = dc_replace(a, BLOCK_SIZE_N=128, **variant).as_dict()
         rows.append(r)
-    retired = row(1, None, 10.0)  # an older run's row with the retired moebench-only field set
-    retired["config"] = {**dc_replace(a, BLOCK_SIZE_N=64).as_dict(), "block_rescale": True}
-    rows.append(retired)
     table = best_configs(pd.DataFrame(rows))[(8, 14336, "bf16", "NVIDIA H200")]
     assert table[1] == a
 
@@ -331,12 +328,3 @@ def test_write_tables_unknown_layout(tmp_path):
     with pytest.raises(UserError, match="layout"):
         write_tables(some_tables(), tmp_path, layout="trtllm")
     assert list(Path(tmp_path).iterdir()) == []
-
-
-def test_rows_of_the_retired_block_rescale_field_load_when_it_is_off():
-    """Run folders of commit bab17e1 carry block_rescale in every config: false loads, true is refused."""
-    row = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 8, "num_warps": 4,
-           "num_stages": 4, "swap_ab": False, "atomic_sum": False, "split_k": 1}
-    assert TileConfig.from_dict({**row, "block_rescale": False}) == TileConfig.from_dict(row)
-    with pytest.raises(UserError, match="block_rescale"):
-        TileConfig.from_dict({**row, "block_rescale": True})

@@ -7,7 +7,8 @@ import torch
 
 from moebench._interpret import interpreting
 from moebench.models import get_model
-from moebench.problem import Problem
+from moebench.paths import Target
+from moebench.problem import Problem, make_inputs
 from moebench.results import load_run
 from moebench.runner import run_sweep
 from moebench.spec import Block, SweepSpec
@@ -55,3 +56,99 @@ def test_pinned_configs_replace_the_candidates_at_the_points_they_name(tmp_path)
     assert len(at3) == 1 and TileConfig.from_dict(at3["config"].item()) == pinned
     assert (at3["status"] == "ok").all() and at3["correct"].all()
     assert len(at1) == len(candidates(Problem(tiny, 1, "fp16")))
+
+
+class CountingPath:
+    """A tunable path that runs the float32 reference (wrong, all zeros, with Swap-AB) and counts what the runner
+    asks of it: ``supports`` calls, ``prepare`` calls per config, and calls of each prepared closure."""
+
+    name = "counting"
+    baseline = False
+    tunable = True
+    graph_safe = False  # the reference synchronizes with the host
+
+    def __init__(self) -> None:
+        self.supports_calls: list[tuple] = []
+        self.prepared: list[tuple[TileConfig, list]] = []  # (config, one entry per call of its closure)
+
+    def supports(self, problem, target):
+        self.supports_calls.append((problem, target))
+        return None
+
+    def default_config(self, problem):
+        return TileConfig(16, 32, 32)
+
+    def prepare(self, inputs, problem, config):
+        from moebench.paths.torch_ref import moe_reference
+
+        calls: list = []
+        self.prepared.append((config, calls))
+
+        def run(out):
+            calls.append(out.data_ptr())
+            if config.swap_ab:
+                out.zero_()
+            else:
+                out.copy_(moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids))
+
+        return run
+
+
+@pytest.fixture
+def counting(monkeypatch):
+    from moebench.paths import base
+
+    path = CountingPath()
+    monkeypatch.setitem(base._REGISTRY, path.name, path)
+    return path
+
+
+def test_one_pipeline_per_point_support_once_prepare_once_per_config_one_closure(tmp_path, counting):
+    """Support is decided once per (point, path); each candidate is prepared once, and that one closure is
+    checked and then, only where correct, timed (a Swap-AB candidate here writes zeros: checked, not timed)."""
+    from moebench.runner import validate
+
+    tiny = get_model("tiny")
+    spec = SweepSpec("t", (Block((tiny,), (1, 2), ("fp16",), ("counting",)),), tune=True)
+    plan = validate(spec, Target.current())
+    assert len(counting.supports_calls) == 2  # one per point
+    meta, df = load_run(run_sweep(plan, tmp_path))
+    assert len(counting.supports_calls) == 2  # the run used the plan's decisions
+    n = len(candidates(Problem(tiny, 1, "fp16"))) + len(candidates(Problem(tiny, 2, "fp16")))
+    assert len(df) == len(counting.prepared) == n == plan.rows
+    for config, calls in counting.prepared:
+        assert len(set(calls)) == 1  # the check and the timing wrote one output tensor
+        assert len(calls) == 1 if config.swap_ab else len(calls) > 1
+    swapped = df["config"].map(lambda c: c["swap_ab"])
+    assert (df.loc[swapped, "status"] == "incorrect").all() and df.loc[swapped, "time_us"].isna().all()
+    assert (df.loc[~swapped, "status"] == "ok").all() and df.loc[~swapped, "correct"].all()
+
+
+def test_the_check_and_the_timing_share_the_inputs_the_row_describes(tmp_path, counting):
+    """The experts a row says were touched are those of the inputs its config was checked on: one draw per M."""
+    tiny = get_model("tiny")
+    spec = SweepSpec("t", (Block((tiny,), (1,), ("fp16",), ("counting",)),))
+    _, df = load_run(run_sweep(spec, tmp_path))
+    inputs = make_inputs(Problem(tiny, 1, "fp16"), "cpu" if not torch.cuda.is_available() else "cuda")
+    assert df["experts_touched"].item() == inputs.experts_touched and df["status"].item() == "ok"
+
+
+def test_a_plan_refuses_a_path_that_runs_nothing_here(monkeypatch):
+    """The refusal comes from the plan's own support decisions, before anything is written."""
+    from moebench.errors import UserError
+    from moebench.paths import base
+    from moebench.runner import SweepPlan
+
+    class Never(CountingPath):
+        def supports(self, problem, target):
+            return "never here"
+
+    spec = SweepSpec("t", (Block((get_model("tiny"),), (1,), ("fp16",), ("torch",)),))
+    plan = SweepPlan.build(spec, Target.current())
+    assert [p.reason for p in plan.points] == [None] and plan.rows == 1
+    never = Never()
+    never.name = "never"
+    monkeypatch.setitem(base._REGISTRY, never.name, never)
+    with pytest.raises(UserError, match="'never' cannot run any point.*never here"):
+        SweepPlan.build(SweepSpec("t", (Block((get_model("tiny"),), (1,), ("fp16",), ("torch", "never")),)),
+                        Target.current())

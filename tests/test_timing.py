@@ -20,16 +20,22 @@ def test_read_flush_reads_every_element_and_writes_none():
     assert "a read" in timing.graph_method()
 
 
-def test_zero_flush_is_the_earlier_fill(monkeypatch):
-    monkeypatch.setattr(timing, "FLUSH", "zero")
-    flush = timing.L2Flush(64, programs=1, device="cpu")
-    flush()
-    assert flush.partial is None and torch.all(flush.buf == 0) and flush.buf.numel() == 32
-    assert "zero fill" in timing.graph_method()
-
-
-def test_a_flush_named_by_mode_ignores_the_default():
-    assert timing.FLUSH == "read"
+def test_zero_flush_is_the_earlier_fill():
     flush = timing.L2Flush(64, programs=1, device="cpu", mode="zero")
     flush()
-    assert flush.partial is None and torch.all(flush.buf == 0)
+    assert flush.partial is None and torch.all(flush.buf == 0) and flush.buf.numel() == 32
+    assert "zero fill" in timing.graph_method("zero") and "zero fill" in timing.eager_method("zero")
+
+
+def test_the_flush_reads_unless_told_otherwise():
+    """The default mode, of the flush and of the method named in rows, is the read."""
+    flush = timing.L2Flush(64, programs=1, device="cpu")
+    assert flush.mode == "read" and flush.partial is not None
+    assert "a read" in timing.graph_method() and "a read" in timing.eager_method()
+
+
+def test_an_unknown_flush_mode_is_refused():
+    with pytest.raises(ValueError, match="unknown L2 flush"):
+        timing.L2Flush(64, programs=1, device="cpu", mode="write")
+    with pytest.raises(ValueError, match="unknown L2 flush"):
+        timing.graph_method("write")

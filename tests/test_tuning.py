@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import pytest
 
+from moebench.hardware import HOPPER, DeviceLimits
 from moebench.models import get_model, shard
 from moebench.problem import Problem
-from moebench.tile import SMEM_LIMIT, default_config, smem_bytes
+from moebench.tile import default_config, smem_bytes
 from moebench.tuning import candidates
 
 POINTS = [
@@ -26,7 +27,7 @@ def test_candidates_are_distinct_fit_and_come_with_and_without_swap(shape, M, dt
     assert len({c.key() for c in cands}) == len(cands) >= 4
     assert {c.swap_ab for c in cands} == {False, True}
     for c in cands:
-        assert smem_bytes(c, problem.spec.weight_bytes) <= SMEM_LIMIT or c.num_stages == 1
+        assert smem_bytes(c, problem.spec.weight_bytes) <= HOPPER.smem_bytes or c.num_stages == 1
         if dtype == "fp8-block128":
             assert c.BLOCK_SIZE_K == 128
 
@@ -161,7 +162,7 @@ def test_gemm2_split_k_tried_with_the_atomic_sum_where_gemm2_grid_is_small():
 
 def test_merged_gemm1_tried_with_8_warp_tiles_without_swap_and_not_at_block128():
     """GEMM1 as one merged MMA is tried beside the pair of MMAs for 8-warp tiles without Swap-AB (where it
-    won on an H200), never with 4 warps, Swap-AB or fp8-block128."""
+    pays), never with 4 warps, Swap-AB or fp8-block128."""
     for dtype in ("bf16", "fp8-tensor"):
         tried = [c for c in candidates(Problem(get_model("mixtral-8x7b"), 4096, dtype)) if c.gemm1_merged]
         assert tried and all(c.num_warps == 8 and not c.swap_ab for c in tried)
@@ -264,3 +265,25 @@ def test_tail_tiles_not_tried_at_fp8_prefill_block128_or_decode():
     for problem in (Problem(mixtral, 1024, "fp8-tensor"), Problem(qwen3, 1024, "fp8-block128"),
                     Problem(mixtral, 16, "bf16")):
         assert not any(c.tail_tiles for c in candidates(problem))
+
+
+def test_the_device_limits_shape_the_candidates():
+    """SM count, L2 size and shared memory come from the device the candidates are for: fewer SMs split
+    GEMM1 less, a larger L2 holds DeepSeek-V3@tp8 M=4096's atomic sum (no columns-first twins), and less
+    shared memory lowers the stages. On a GPU-less machine the default is an H100/H200 (``HOPPER``)."""
+    ds = shard(get_model("deepseek-v3"), tp=8)
+    decode = Problem(ds, 1, "fp8-block128")
+    if DeviceLimits.current() == HOPPER:  # no GPU here, or an H100/H200
+        assert candidates(decode) == candidates(decode, limits=HOPPER)
+    few_sms = DeviceLimits(sms=16, l2_bytes=HOPPER.l2_bytes, smem_bytes=HOPPER.smem_bytes)
+    assert max(c.split_k for c in candidates(decode, limits=few_sms)) < max(
+        c.split_k for c in candidates(decode, limits=HOPPER))
+    prefill = Problem(ds, 4096, "fp8-block128")
+    big_l2 = DeviceLimits(sms=HOPPER.sms, l2_bytes=1 << 30, smem_bytes=HOPPER.smem_bytes)
+    assert any(c.gemm2_columns_first for c in candidates(prefill, limits=HOPPER))
+    assert not any(c.gemm2_columns_first for c in candidates(prefill, limits=big_l2))
+    small_smem = DeviceLimits(sms=HOPPER.sms, l2_bytes=HOPPER.l2_bytes, smem_bytes=64 * 1024)
+    for c in candidates(prefill, limits=small_smem):
+        assert smem_bytes(c, 1) <= 64 * 1024 or c.num_stages == 1
+    assert max(c.num_stages for c in candidates(prefill, limits=small_smem)) < max(
+        c.num_stages for c in candidates(prefill, limits=HOPPER))

@@ -53,7 +53,10 @@ class MoEPath(Protocol):
         """None if the path can run ``problem`` on ``target``, else the reason it cannot."""
 
     def prepare(self, inputs: MoEInputs, problem: Problem, config: TileConfig | None) -> RunFn:
-        """Do untimed set-up (layouts, scales) and return the timed closure."""
+        """Do untimed set-up (layouts, scales) and return the closure that is checked, then timed."""
+
+    def default_config(self, problem: Problem) -> TileConfig:
+        """The untuned tile config (tunable paths only)."""
 
 
 _REGISTRY: dict[str, MoEPath] = {}
