@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# The main job: the default sweep (sweeps/quick.yaml on a GPU, sweeps/cpu.yaml on the interpreter).
+# The main job: the default sweep (moebench/sweeps/quick.yaml on a GPU; cpu.yaml, a tiny shape, on the
+# Triton interpreter where there is no GPU). Run folders go under results/, which git ignores.
 bench: install
 	$(PY) -m moebench sweep
 

@@ -1,35 +1,43 @@
 """The command line: thin commands that parse options and call library functions.
 
-Errors a user can cause print one line on stderr and exit with status 2.
+Errors a user can cause (``UserError``, an ``OSError`` on a path they named, a bad option) print one
+line on stderr and exit with status 2. Importing this module loads neither torch nor Triton: each
+command imports what it needs, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from moebench import __version__
-from moebench.errors import UserError
+from moebench.errors import UserError, os_error_line
 
 FORMATS = ("table", "csv", "json")
-SWEEPS_DIR = Path(__file__).resolve().parent.parent / "sweeps"
-_err = Console(stderr=True)
 
 
-def _console() -> Console:
+def _err_console():
+    """Standard error for notes, warnings and progress (rich, imported when first needed)."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _note(text: str, style: str = "") -> None:
+    """One line on stderr, printed as is (no rich markup read in ``text``)."""
+    from rich.text import Text
+
+    _err_console().print(Text(text, style=style), soft_wrap=True)
+
+
+def _console():
     """Standard output for tables: the terminal's width, or wide enough not to crop columns in a pipe."""
+    from rich.console import Console
+
     return Console() if sys.stdout.isatty() else Console(width=200)
-
-
-def _default_spec() -> Path:
-    """sweeps/quick.yaml on a GPU; the tiny CPU sweep on the Triton interpreter otherwise."""
-    from moebench._interpret import interpreting
-
-    return SWEEPS_DIR / ("cpu.yaml" if interpreting() else "quick.yaml")
 
 
 def _emit(text: str | None) -> None:
@@ -37,17 +45,26 @@ def _emit(text: str | None) -> None:
         click.echo(text.rstrip("\n"))
 
 
-def _print_tables(df, fmt: str, out: Console) -> None:
+def _print_tables(df, fmt: str, out) -> None:
+    """The throughput table (for an interpreter run: its check against the fp32 reference) and, for
+    GPU rows at prefill-sized M, the TTFT table; for programs, both under stable keys."""
+    from rich.text import Text
+
     from moebench import report
 
     through = report.throughput_table(df)
-    ttft = report.ttft_table(df)
+    ttft = report.prefill_ttft_table(df)
     if fmt == "table":
-        report.render(through, "table", "Throughput (MoE layer)", console=out)
-        report.render(ttft, "table", "MoE share of time-to-first-token", console=out)
+        title = ("Correctness (CPU interpreter)" if report.is_interpreter_run(df)
+                 else "Throughput (MoE layer)")
+        report.render(through, "table", title, console=out)
+        if len(ttft):
+            report.render(ttft, "table", "MoE share of time-to-first-token", console=out)
         bad = df[df["status"] != "ok"]
         for _, r in bad.iterrows():
-            out.print(f"[yellow]{r['status']}[/]: {r['model']} {r['dtype']} M={r['M']} {r['path']}: {r['error']}")
+            line = Text(str(r["status"]), style="yellow")
+            line.append(f": {r['model']} {r['dtype']} M={r['M']} {r['path']}: {r['error']}")
+            out.print(line)
     elif fmt == "csv":
         _emit(report.render(through, "csv", "throughput"))
         click.echo()
@@ -75,10 +92,13 @@ def cli() -> None:
 @click.option("--hidden", type=int, help="Explicit shape: hidden size.")
 @click.option("--intermediate", type=int, help="Explicit shape: per-expert intermediate size.")
 @click.option("--topk", default=None, help="Top-k, comma list; overrides the models' own.")
-@click.option("--m", "ms", default=None, help="Token counts, comma list. [default: 1,16,128,1024,4096]")
+@click.option("--m", "ms", default=None,
+              help="Token counts, comma list. [default: 1,16,128,1024,4096; without a GPU 1,16,64]")
 @click.option("--dtype", "dtypes", default=None,
-              help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128; comma list. [default: bf16]")
-@click.option("--path", "paths", default=None, help="triton, cutlass, torch; comma list. [default: triton,cutlass]")
+              help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128; comma list. "
+                   "[default: bf16; without a GPU fp16]")
+@click.option("--path", "paths", default=None,
+              help="triton, cutlass, torch; comma list. [default: triton,cutlass; without a GPU triton,torch]")
 @click.option("--routing", default=None, type=click.Choice(["uniform", "skewed"]),
               help="Expert load. [default: uniform]")
 @click.option("--seed", default=None, type=int, help="Input seed. [default: 0]")
@@ -95,34 +115,46 @@ def cli() -> None:
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
 def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dtypes, paths, routing, seed, tp,
           ep, out_dir, fmt, tune, compile_jobs, progress):
-    """Run a sweep from SPEC (a YAML file in sweeps/) or from flags, write a run folder, print tables.
+    """Run a sweep from SPEC (a YAML file, or the name of a shipped spec such as quick) or from flags,
+    write a run folder, print tables.
 
-    With neither, runs sweeps/quick.yaml on a GPU, or sweeps/cpu.yaml (a tiny shape on
-    the Triton interpreter: correctness only, CPU timings are not GPU performance).
+    With neither, runs the shipped quick spec on a GPU, or the cpu spec (a tiny shape on the Triton
+    interpreter: correctness only, CPU timings are not GPU performance). Without a GPU, the GPU defaults
+    you did not override (bf16, GPU-only paths, the GPU's M list) give way to fp16, torch and small M,
+    and a line on stderr says so.
     """
-    from moebench.precompile import default_jobs
-    from moebench.results import load_run
-    from moebench.runner import run_sweep
-    from moebench.spec import from_options
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    plan = from_options(
-        spec, _default_spec(), models=models, hf_configs=hf_configs, experts=experts, hidden=hidden,
-        intermediate=intermediate, topk=topk, ms=ms, dtypes=dtypes, paths=paths, routing=routing, seed=seed,
-        tp=tp, ep=ep, tune=tune,
-    )
     from moebench._interpret import interpreting
     from moebench.paths import Target
-    from moebench.runner import validate
+    from moebench.precompile import default_jobs
+    from moebench.results import ensure_out_dir, load_run
+    from moebench.runner import run_sweep, validate
+    from moebench.spec import default_spec_file, for_interpreter, from_options
 
-    validate(plan, Target.current())  # refuse before anything is printed or written
+    interpreter = interpreting()
+    plan = from_options(
+        spec, default_spec_file(interpreter), models=models, hf_configs=hf_configs, experts=experts,
+        hidden=hidden, intermediate=intermediate, topk=topk, ms=ms, dtypes=dtypes, paths=paths, routing=routing,
+        seed=seed, tp=tp, ep=ep, tune=tune,
+    )
+    target = Target.current()
+    changed = None
+    if interpreter:
+        plan, changed = for_interpreter(plan, target, dtypes_given=dtypes is not None,
+                                        paths_given=paths is not None, ms_given=ms is not None)
+    validate(plan, target)  # refuse before anything is printed or written
+    ensure_out_dir(out_dir)  # an --out that is a file or read-only fails here, before any work
     out = _console()
-    if interpreting():
-        _err.print("[yellow]No CUDA GPU: running on the Triton interpreter. "
-                   "CPU timings check correctness only; they are not GPU performance.[/]")
+    if interpreter:
+        _note("No CUDA GPU: running on the Triton interpreter. "
+              "CPU timings check correctness only; they are not GPU performance.", "yellow")
+        if changed:
+            _note(changed, "yellow")
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=_err, disable=not progress, transient=False)
+                   console=_err_console(), disable=not progress, transient=False)
     with bar:
-        task = bar.add_task("measuring ceilings" if not interpreting() else "sweeping", total=None)
+        task = bar.add_task("measuring ceilings" if not interpreter else "sweeping", total=None)
 
         def started(n: int) -> None:
             bar.update(task, total=n, description=f"sweep {plan.name}")
@@ -137,20 +169,22 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
         run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started, compile_jobs=jobs, on_note=noted)
     _, df = load_run(run_dir)
     _print_tables(df, fmt, out)
-    _err.print(f"run folder: {run_dir}")
+    _note(f"run folder: {run_dir}")
 
 
 def _load_run_warned(run: Path, with_commit: bool = False):
-    """A run folder's rows, saying on stderr when its schema version is not this moebench's; with
-    ``with_commit``, each row also gets its run's git commit (``commit``, from meta.json)."""
+    """A run folder's (meta, rows), saying on stderr when its schema version is not this moebench's or a
+    torn last row was left out; with ``with_commit``, each row also gets its run's git commit (``commit``,
+    from meta.json)."""
     from moebench.results import load_run, schema_warning
 
     meta, df = load_run(run)
-    if w := schema_warning(meta, str(run)):
-        _err.print(w)
+    for w in [schema_warning(meta, str(run)), *df.attrs.get("warnings", [])]:
+        if w:
+            _note(w)
     if with_commit:
         df["commit"] = meta.get("git_commit")
-    return df
+    return meta, df
 
 
 @cli.command()
@@ -166,7 +200,7 @@ def report(runs, fmt, gains):
 
     from moebench import report as rep
 
-    df = pd.concat([_load_run_warned(run, with_commit=gains) for run in runs], ignore_index=True)
+    df = pd.concat([_load_run_warned(run, with_commit=gains)[1] for run in runs], ignore_index=True)
     if not gains:
         _print_tables(df, fmt, _console())
         return
@@ -191,20 +225,21 @@ def compare(base, new, fmt, threshold, fail_on_slower):
     from moebench import compare as cmp
     from moebench import report as rep
 
-    base_df, new_df = _load_run_warned(base), _load_run_warned(new)
+    (_, base_df), (_, new_df) = _load_run_warned(base), _load_run_warned(new)
+    cmp.check_comparable(base_df, new_df)  # an interpreter run against a GPU run: one error, no warning first
     if w := cmp.device_mismatch(base_df, new_df):
-        _err.print(f"warning: {w}")
+        _note(f"warning: {w}")
     table = cmp.compare_runs(base_df, new_df, min_threshold=threshold)
     if fmt == "table":
         rep.render(table, "table", f"{base} -> {new}", console=_console())
         only = cmp.unmatched(base_df, new_df)
         if len(only):
-            _err.print(f"{len(only)} point(s) present in one run only")
+            _note(f"{len(only)} point(s) present in one run only")
     else:
         _emit(rep.render(table, fmt, "compare"))
     slower = cmp.count_slower(table)
     if fail_on_slower and slower:
-        _err.print(f"{slower} point(s) SLOWER")
+        _note(f"{slower} point(s) SLOWER")
         sys.exit(1)
 
 
@@ -215,9 +250,8 @@ def compare(base, new, fmt, threshold, fail_on_slower):
 def export_configs(run, out_dir, layout):
     """Write a run's best triton tile config per (shape, dtype, M) as vLLM/SGLang JSON files."""
     from moebench import configs
-    from moebench.results import load_run
 
-    meta, df = load_run(run)
+    meta, df = _load_run_warned(run)
     if df["interpreter"].fillna(False).astype(bool).any():
         raise UserError(f"{run} is an interpreter (CPU) run: its timings cannot choose GPU tile configs")
     tables = configs.best_configs(df)
@@ -272,9 +306,15 @@ def profile_cmd(model, tp, dtype, m, path_name, config_json, fmt):
     from moebench.tile import TileConfig
 
     try:
-        config = TileConfig.from_dict(json.loads(config_json)) if config_json else None
+        given = json.loads(config_json) if config_json else None
     except json.JSONDecodeError as e:
         raise UserError(f"--config is not JSON: {e.msg}") from None
+    if given is not None and not isinstance(given, dict):
+        raise UserError(f"--config is a JSON object of tile fields, not {type(given).__name__}")
+    try:
+        config = TileConfig.from_dict(given) if given is not None else None
+    except (TypeError, ValueError) as e:  # missing or unknown fields, values out of range
+        raise UserError(f"--config: {e}") from None
     problem = Problem(shard(get_model(model), tp=tp), m, dtype)
     table = pd.DataFrame(kernel_breakdown(problem, path_name, config))
     if fmt == "table":
@@ -293,15 +333,82 @@ def models():
                    f"topk={s.topk} moe_layers={s.moe_layers}")
 
 
+@cli.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--path", "path_name", default="triton", show_default=True,
+              help="The path whose fastest correct row per point is set beside the point's bound.")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@click.option("--out", "out_dir", default=None, type=click.Path(path_type=Path),
+              help="Also write a run folder under this folder (meta.json with the ceilings, rows.jsonl).")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
+def bounds(runs, path_name, fmt, out_dir, progress):
+    """How near its floor each point of the RUNS (run folders from a GPU) could come on this GPU (GPU only).
+
+    Per point (the fastest correct row of --path), after measuring this run's ceilings, it times a bare read
+    of the floor's bytes and cuBLAS's two dense GEMMs of the point's shapes over all M*topk rows, each checked
+    first. The bound is the slower; the table gives the layer's time (from its run) beside it, each as % of
+    floor, and the layer's share of its bound (layer_of_bound: 1.0 is the layer at its bound).
+    """
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from moebench import report
+    from moebench.probes import bounds as probe
+    from moebench.probes.bounds_measure import preflight, run_bounds
+
+    points, warnings = probe.load_points(runs, path_name)
+    for w in warnings + [f"warning: {w}" for w in preflight(points, out_dir)]:
+        _note(w, "yellow")
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=_err_console(), disable=not progress, transient=False)
+    with bar:
+        task = bar.add_task("measuring ceilings", total=len(points))
+        rows, ceilings, run_dir = run_bounds(
+            points, out_dir, on_start=lambda c: bar.update(task, description="bounds"),
+            on_row=lambda r: bar.update(task, advance=1, description=probe.label(r)))
+    table, summary = probe.bounds_table(rows), probe.summarize(rows)
+    if fmt == "table":
+        out = _console()
+        report.render(table[probe.TABLE_COLUMNS], "table", f"bounds of {', '.join(map(str, runs))}", console=out)
+        for r in rows:
+            if r.get("error"):
+                out.print(f"not measured: {probe.label(r)}: {r['error']}", markup=False, highlight=False,
+                          soft_wrap=True)
+        out.print(probe.ceilings_line(ceilings.as_dict()), markup=False, highlight=False, soft_wrap=True)
+        out.print(probe.summary_line(summary), markup=False, highlight=False, soft_wrap=True)
+    elif fmt == "csv":
+        _emit(report.render(table, "csv", "bounds"))
+        _note(probe.summary_line(summary))
+    else:
+        click.echo(json.dumps({"ceilings": ceilings.as_dict(), "points": json.loads(report.render(table, "json", "")),
+                               "summary": summary}, indent=2))
+    if run_dir:
+        _note(f"run folder: {run_dir}")
+
+
 def main() -> None:
+    """The ``moebench`` entry point: every error a user can cause ends here as one line and exit status 2."""
     try:
-        cli.main(standalone_mode=False)
+        code = cli.main(standalone_mode=False)
     except UserError as e:
-        _err.print(f"error: {e}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(2)
+        _fail(str(e))
     except click.exceptions.Abort:
-        _err.print("aborted")
+        _note("aborted")
         sys.exit(130)
+    except click.UsageError as e:
+        where = f"; see '{e.ctx.command_path} --help'" if e.ctx is not None else ""
+        _fail(f"{e.format_message().rstrip('.')}{where}", e.exit_code)
     except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
+        _fail(e.format_message(), e.exit_code)
+    except BrokenPipeError:  # output piped into a reader that stopped (| head): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when stdout is flushed
+        sys.exit(141)
+    except OSError as e:  # a path the user named: --out a file, a read-only folder, an unreadable run...
+        _fail(os_error_line(e))
+    sys.exit(code or 0)
+
+
+def _fail(message: str, status: int = 2) -> None:
+    _note(f"error: {' '.join(message.split())}")
+    sys.exit(status)

@@ -36,13 +36,18 @@ def _run_kind(df: pd.DataFrame, label: str) -> str | None:
 
 
 def check_comparable(base: pd.DataFrame, new: pd.DataFrame) -> None:
-    """Refuse to compare CPU-interpreter timings with GPU timings (UserError)."""
+    """Refuse (UserError, one line) to compare CPU-interpreter timings with GPU timings.
+
+    Called before anything else is said about the two runs, so no warning about their
+    devices comes first.
+    """
     kinds = {"base": _run_kind(base, "base"), "new": _run_kind(new, "new")}
     if None not in kinds.values() and kinds["base"] != kinds["new"]:
-        interp = "base" if kinds["base"] == "interpreter" else "new"
+        interp, gpu = ("base", "new") if kinds["base"] == "interpreter" else ("new", "base")
+        gpu_names = ", ".join(_devices(new if gpu == "new" else base)) or "a GPU"
         raise UserError(
-            f"the {interp} run used the CPU interpreter and the other a GPU: "
-            "interpreter timings are not GPU performance and cannot be compared"
+            f"cannot compare speed: the {interp} run used the CPU interpreter and the {gpu} run {gpu_names}; "
+            "interpreter timings are not GPU performance"
         )
 
 
@@ -53,7 +58,12 @@ def _devices(df: pd.DataFrame) -> list[str]:
 
 
 def device_mismatch(base: pd.DataFrame, new: pd.DataFrame) -> str | None:
-    """A one-line warning when the runs ran on different devices, else None (nothing is printed)."""
+    """A one-line warning when the runs ran on different GPUs, else None (nothing is printed).
+
+    An interpreter run set against a GPU run is ``check_comparable``'s refusal, not a warning.
+    """
+    if {_run_kind(base, "base"), _run_kind(new, "new")} == {"interpreter", "gpu"}:
+        return None
     b, n = _devices(base), _devices(new)
     if not b or not n or b == n:
         return None

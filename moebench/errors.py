@@ -14,3 +14,15 @@ def one_line(e: BaseException) -> str:
     text = str(e).strip()
     first = text.splitlines()[0] if text else type(e).__name__
     return f"{type(e).__name__}: {first}"[:300]
+
+
+def os_error_line(e: OSError) -> str:
+    """An OSError on a file or folder the user named (``--out`` a file, a read-only folder...) as one line."""
+    where = e.filename if e.filename is not None else ""
+    if e.filename2 is not None:
+        where = f"{where} -> {e.filename2}"
+    if isinstance(e, (FileExistsError, NotADirectoryError)):
+        why = "a file is in the way where a folder is needed"
+    else:
+        why = (e.strerror or str(e) or type(e).__name__).strip()
+    return f"{where}: {why}" if where else why

@@ -6,6 +6,9 @@ person and a program read the same numbers.
 
 Rows from a CPU-interpreter run are marked: their timings say nothing about GPU
 performance, and every rendering for people says so (``interpreter_caption``).
+What such a run checks is correctness, so its throughput table carries ``correct``
+and ``rel_err``, leaves the throughput figures empty, and shows people only the
+check; the TTFT table leaves it out, as it leaves out M below prefill size.
 """
 
 from __future__ import annotations
@@ -30,17 +33,32 @@ THROUGHPUT_COLUMNS = [
     "model", "dtype", "M", "path", "time_us", "pct_of_floor", "tflops", "gbps", "decode_tok_s",
 ]
 TTFT_COLUMNS = ["model", "dtype", "path", "prompt_len", "moe_ttft_ms"]
+CHECK_COLUMNS = ["correct", "rel_err"]  # appended to the throughput table where rows come from the interpreter
+# What people see of an interpreter run: the check against the fp32 reference, no throughput.
+INTERPRETER_VIEW = ["model", "dtype", "M", "path", *CHECK_COLUMNS]
+_GPU_FIGURES = ["pct_of_floor", "tflops", "gbps", "decode_tok_s"]  # left empty on interpreter rows
 
 _POINT = ["model", "dtype", "M", "path"]
 _PROMPT_MIN = 128  # default TTFT prompt lengths: the measured M at or above this (prefill-sized)
 
 
+def interpreter_rows(df: pd.DataFrame) -> pd.Series:
+    """Per row of ``df``: True where it came from the CPU interpreter (a missing flag counts as GPU)."""
+    if "interpreter" not in df.columns:
+        return pd.Series(False, index=df.index, dtype=bool)
+    return df["interpreter"].map(lambda v: bool(v) if v is not None and not _is_missing(v) else False).astype(bool)
+
+
 def interpreter_caption(df: pd.DataFrame) -> str | None:
     """The warning to show with a table built from ``df``, or None when no row came from the interpreter."""
-    if "interpreter" not in df.columns or df.empty:
+    if df.empty:
         return None
-    flags = df["interpreter"].map(lambda v: bool(v) if v is not None and not _is_missing(v) else False)
-    return INTERPRETER_CAPTION if flags.any() else None
+    return INTERPRETER_CAPTION if interpreter_rows(df).any() else None
+
+
+def is_interpreter_run(df: pd.DataFrame) -> bool:
+    """True when every row of ``df`` (at least one) came from the interpreter."""
+    return not df.empty and bool(interpreter_rows(df).all())
 
 
 def _is_missing(v: object) -> bool:
@@ -50,13 +68,18 @@ def _is_missing(v: object) -> bool:
         return False
 
 
-def _best_ok_points(df: pd.DataFrame) -> pd.DataFrame:
+def _best_ok_points(df: pd.DataFrame, checked: bool = False) -> pd.DataFrame:
     """Status-ok rows, one per (model, dtype, M, path): the fastest where a run holds several.
 
     Several rows per point come from tile configs tried while tuning or from
     several routing distributions; the table shows what the path achieved.
+    With ``checked``, interpreter rows that failed their check stay too (after any ok row of
+    their point): what an interpreter run shows is whether each point is correct.
     """
-    ok = df[df["status"] == "ok"]
+    keep = df["status"] == "ok"
+    if checked:
+        keep |= (df["status"] == "incorrect") & interpreter_rows(df)
+    ok = df[keep]
     ok = ok.sort_values("time_us", na_position="last", kind="stable")
     return ok.drop_duplicates(subset=_POINT, keep="first")
 
@@ -66,14 +89,37 @@ def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
 
     ``decode_tok_s = M / (moe_layers * time_us * 1e-6)``: tokens per second through
     the model's whole MoE layer stack, counting MoE time only.
+    Where rows come from the interpreter, ``correct`` and ``rel_err`` follow, the points that
+    failed their check are listed too, and those rows' throughput figures are empty; when every
+    row did, ``attrs["people_columns"]`` names what a rendering for people shows (INTERPRETER_VIEW).
     """
-    best = _best_ok_points(df)
+    interp = interpreter_rows(df)
+    best = _best_ok_points(df, checked=bool(interp.any()))
     out = best.assign(
         decode_tok_s=best["M"] / (best["moe_layers"] * best["time_us"].astype(float) * 1e-6)
     )
-    out = out.sort_values(_POINT, kind="stable")[THROUGHPUT_COLUMNS].reset_index(drop=True)
+    columns = list(THROUGHPUT_COLUMNS)
+    if interp.any():
+        out[_GPU_FIGURES] = out[_GPU_FIGURES].astype(float)
+        out.loc[interpreter_rows(out), _GPU_FIGURES] = float("nan")
+        columns += CHECK_COLUMNS
+    out = out.sort_values(_POINT, kind="stable")[columns].reset_index(drop=True)
     out.attrs["caption"] = interpreter_caption(df)
+    if is_interpreter_run(df):
+        out.attrs["people_columns"] = INTERPRETER_VIEW
     return out
+
+
+def prefill_ttft_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The TTFT table the CLI prints: GPU rows at prefill-sized M (>= 128) only, else empty.
+
+    A 1-token layer is no time-to-first-token, and interpreter timings are no GPU time.
+    """
+    gpu = df[~interpreter_rows(df)]
+    lens = sorted({int(m) for m in _best_ok_points(gpu)["M"] if m >= _PROMPT_MIN})
+    if not lens:
+        return pd.DataFrame(columns=TTFT_COLUMNS)
+    return ttft_table(gpu, prompt_lens=lens)
 
 
 def ttft_table(df: pd.DataFrame, prompt_lens: list[int] | None = None) -> pd.DataFrame:
@@ -113,38 +159,10 @@ GAINS_COLUMNS = ["model", "dtype", "M", "time_us", "pct_of_floor", "config", "sw
 
 
 def _short_config(c: dict) -> str:
-    text = f"{c['BLOCK_SIZE_M']}x{c['BLOCK_SIZE_N']}x{c['BLOCK_SIZE_K']} w{c['num_warps']} s{c['num_stages']}"
-    if c.get("GROUP_SIZE_M", 1) > 1:
-        text += f" g{c['GROUP_SIZE_M']}"
-    if c.get("swap_ab"):
-        text += " swap"
-    if c.get("atomic_sum") is False:
-        text += " stored-sum"
-    if c.get("atomic_out"):
-        text += " out-sum"
-    if c.get("split_k", 1) > 1:
-        text += f" split{c['split_k']}"
-    if c.get("gemm2_split_k", 1) > 1:
-        text += f" g2split{c['gemm2_split_k']}"
-    if c.get("direct_route"):
-        text += " direct"
-    if c.get("gemm2_block_n", 0) not in (0, c["BLOCK_SIZE_N"]):
-        text += f" n2={c['gemm2_block_n']}"
-    if c.get("gemm2_n_tiles", 1) > 1:
-        text += f" n2tiles={c['gemm2_n_tiles']}"
-    if c.get("gemm1_merged"):
-        text += " merged"
-    if c.get("gemm1_quant_x"):
-        text += " quant-x"
-    if c.get("gemm1_tma"):
-        text += " tma"
-    if c.get("gemm2_columns_first"):
-        text += " cols-first"
-    if c.get("gemm2_preload"):
-        text += " preload"
-    if c.get("tail_tiles"):
-        text += f" tail{c['tail_tiles']}"
-    return text
+    """A row's tile config as the gains table prints it (``tile.short_label``)."""
+    from moebench.tile import short_label
+
+    return short_label(c)
 
 
 def gains_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -256,7 +274,8 @@ def render(
     """Render ``table`` for people ("table": printed to ``console``, returns None) or programs.
 
     "csv" returns ``table.to_csv(index=False)``; "json" returns a JSON array of
-    records with NaN as null. Both keep the DataFrame's column names. ``caption``
+    records with NaN as null. Both keep the DataFrame's column names; a rich table
+    shows only ``attrs["people_columns"]`` where the table names them. ``caption``
     (default: the table's ``attrs["caption"]``, which the table functions set to
     the interpreter warning when it applies; "" prints none) is printed on its own
     line under a rich table.
@@ -274,6 +293,8 @@ def render(
         raise UserError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     if caption is None:
         caption = table.attrs.get("caption")
+    if people := table.attrs.get("people_columns"):
+        table = table[list(people)]
     console = console if console is not None else Console()
     rich_table = Table(title=title, title_justify="left")
     for column in table.columns:

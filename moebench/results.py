@@ -8,46 +8,60 @@ it measured). ``load_run`` reads a folder back into a pandas DataFrame.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
-import tempfile
+import secrets
 import time
 from pathlib import Path
 
 import pandas as pd
 
 from moebench.errors import UserError
+from moebench.rows import Row
 
 SCHEMA_VERSION = 1
 META_FILE = "meta.json"
 ROWS_FILE = "rows.jsonl"
 
-# Columns every row carries, in this order (csv/json output and readers rely on them).
-ROW_COLUMNS = (
-    "model", "experts", "hidden", "intermediate", "topk", "moe_layers", "M", "dtype", "path", "routing",
-    "seed", "config", "status", "correct", "rel_err", "time_us", "time_p20_us", "time_p80_us", "reps",
-    "floor_us", "bound", "pct_of_floor", "tflops", "gbps", "flops", "bytes", "experts_touched",
-    "device_name", "interpreter", "timing_method", "error",
-)
+# Columns every row carries, in this order (csv/json output and readers rely on them): the fields of Row.
+ROW_COLUMNS = Row.columns()
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temp file in the same folder (created if missing), then rename: no reader sees half a file."""
+    """Write to a temp file in the same folder (created if missing), then rename: no reader sees half a file.
+
+    The temp file is created with the permissions of any new file (0666 less the umask), not the 0600 of
+    ``tempfile``, so the renamed file reads like one written in place.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
 def write_json_atomic(path: Path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def ensure_out_dir(base: Path) -> Path:
+    """Create ``base``, the folder run folders go in, and check it takes new files; OSError where it cannot.
+
+    Called before a run starts, so an ``--out`` that is a file or read-only fails before any work.
+    """
+    base = Path(base)
+    base.mkdir(parents=True, exist_ok=True)
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "cannot create files in this folder", str(base))
+    return base
 
 
 def new_run_dir(base: Path, name: str) -> Path:
@@ -93,23 +107,57 @@ class RunWriter:
 
 
 def load_run(path: Path | str) -> tuple[dict, pd.DataFrame]:
-    """(meta, rows) of a run folder. Raises UserError for a folder that is not a run."""
+    """(meta, rows) of a run folder. Raises UserError for a folder that is not a run.
+
+    A last line of rows.jsonl cut short (a run killed while appending) is left out, and
+    ``df.attrs["warnings"]`` says so; any other line that is not JSON is an error naming it.
+    """
     path = Path(path)
     meta_path, rows_path = path / META_FILE, path / ROWS_FILE
     if not path.is_dir():
         raise UserError(f"no run folder at {path}")
     if not meta_path.is_file() or not rows_path.is_file():
-        raise UserError(f"{path} is not a moebench run folder (needs {META_FILE} and {ROWS_FILE})")
+        inner = sorted(p.parent.name for p in path.glob(f"*/{META_FILE}"))
+        hint = f"; run folders inside it: {', '.join(inner[:3])}{', ...' if len(inner) > 3 else ''}" if inner else ""
+        raise UserError(f"{path} is not a moebench run folder (needs {META_FILE} and {ROWS_FILE}){hint}")
     try:
-        meta = json.loads(meta_path.read_text())
-        rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path}: unreadable JSON ({e.msg}, line {e.lineno})") from None
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{meta_path}: not JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
+    rows, warnings = _read_rows(rows_path)
     df = pd.DataFrame(rows, columns=list(ROW_COLUMNS) if not rows else None)
     for col in ROW_COLUMNS:
         if col not in df.columns:
             df[col] = None
+    df.attrs["warnings"] = warnings
     return meta, df
+
+
+def _read_rows(rows_path: Path) -> tuple[list[dict], list[str]]:
+    """The rows of a rows.jsonl, and warnings: a torn last line (no newline after it) is skipped."""
+    try:
+        text = rows_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{rows_path}: not UTF-8 text") from None
+    lines = text.split("\n")
+    rows, warnings = [], []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(lines):  # no newline after it: the row being written when the run stopped
+                warnings.append(f"warning: {rows_path}: line {n} is cut short (the run stopped while writing it); "
+                                "left out")
+                continue
+            raise UserError(f"{rows_path}: line {n} is not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise UserError(f"{rows_path}: line {n} is not a JSON object")
+        rows.append(row)
+    return rows, warnings
 
 
 def schema_warning(meta: dict, where: str) -> str | None:

@@ -1,8 +1,10 @@
-"""Sweep specs: what to run, from a YAML file in sweeps/ or from CLI flags.
+"""Sweep specs: what to run, from a YAML file or from CLI flags.
 
 A spec names model shapes, token counts, dtypes and paths; ``SweepSpec.points``
 expands it to the plan (problem x path). YAML specs are strict: an unknown key
-is an error that names it. Example (sweeps/quick.yaml)::
+is an error that names it. The shipped specs live in ``moebench/sweeps/``
+(package data; ``sweeps/`` at the top of the repository links to it), so an
+installed ``moebench sweep quick`` finds them by name. Example (quick.yaml)::
 
     name: quick
     models: [mixtral-8x7b, deepseek-v3]
@@ -21,9 +23,12 @@ import yaml
 from moebench.dtypes import get_dtype
 from moebench.errors import UserError
 from moebench.models import MoEShape, from_hf_config, get_model, shard
-from moebench.paths import get_path
+from moebench.paths import Target, get_path
 from moebench.problem import Problem
 from moebench.routing import ROUTINGS
+
+SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"  # the shipped specs (package data)
+CPU_SPEC, GPU_SPEC = "cpu", "quick"  # the default spec on the Triton interpreter / on a GPU
 
 # key -> what it holds (the strict schema, also shown in errors)
 SPEC_KEYS = {
@@ -108,7 +113,6 @@ class SweepSpec:
         ]
 
 
-
 def override(spec: SweepSpec, ms: tuple[int, ...] | None = None, dtypes: tuple[str, ...] | None = None,
              paths: tuple[str, ...] | None = None, topks: tuple[int, ...] | None = None,
              routing: str | None = None, seed: int | None = None, tune: bool | None = None) -> SweepSpec:
@@ -143,6 +147,15 @@ def _str_list(value) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     return tuple(p.strip() for v in value or [] for p in str(v).split(",") if p.strip())
+
+
+def _int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise UserError(f"{what}: expected an integer, got {value!r}")
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"{what}: expected an integer, got {value!r}") from None
 
 
 def _bool(value, what: str) -> bool:
@@ -192,13 +205,36 @@ def explicit_shape(experts: int, hidden: int, intermediate: int, topk: int, name
                     topk, moe_layers)
 
 
+def shipped_specs() -> list[str]:
+    """The names of the specs shipped in the package, sorted."""
+    return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
+
+
+def default_spec_file(interpreter: bool) -> Path:
+    """The spec ``moebench sweep`` runs without SPEC or model flags: a tiny CPU one on the interpreter."""
+    return SWEEPS_DIR / f"{CPU_SPEC if interpreter else GPU_SPEC}.yaml"
+
+
+def find_spec(spec: str | Path) -> Path:
+    """A SPEC argument as a file: the path itself, else a shipped spec of that name ("quick", "quick.yaml")."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    shipped = SWEEPS_DIR / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
+    if path.parent == Path(".") and shipped.is_file():
+        return shipped
+    raise UserError(f"no sweep spec at {path}; shipped specs: {', '.join(shipped_specs())}")
+
+
 def load_spec(path: str | Path) -> SweepSpec:
     """Read a YAML sweep spec; every error is one line that names the file."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"no sweep spec at {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (a sweep spec is UTF-8 YAML)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
@@ -223,7 +259,7 @@ def load_spec(path: str | Path) -> SweepSpec:
             name=str(data.get("name") or path.stem),
             blocks=tuple(blocks),
             routing=str(data.get("routing", "uniform")),
-            seed=int(data.get("seed", 0)),
+            seed=_int(data.get("seed", 0), "seed"),
             tune=_bool(data.get("tune", False), "tune"),
         )
     except UserError as e:
@@ -256,12 +292,14 @@ def _block(path: Path, data: dict) -> Block:
         topks=_int_list(data.get("topk"), "topk"),
         dtypes=_str_list(data.get("dtypes")) or ("bf16",),
         paths=_str_list(data.get("paths")) or ("triton", "cutlass"),
-        tp=int(data.get("tp", 1)),
-        ep=int(data.get("ep", 1)),
+        tp=_int(data.get("tp", 1), "tp"),
+        ep=_int(data.get("ep", 1), "ep"),
     )
 
 
-DEFAULT_MS = "1,16,128,1024,4096"
+GPU_MS = (1, 16, 128, 1024, 4096)  # the flags' M: decode to prefill
+INTERPRETER_MS = (1, 16, 64)  # the cpu spec's M: what the interpreter runs in seconds
+DEFAULT_MS = ",".join(map(str, GPU_MS))
 
 
 def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_configs=(), experts=None,
@@ -271,6 +309,9 @@ def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_co
 
     List options arrive as the user typed them (comma lists, possibly repeated).
     """
+    for flag, value in (("--m", ms), ("--topk", topk), ("--dtype", dtypes), ("--path", paths)):
+        if value is not None and not _str_list(value):
+            raise UserError(f"{flag} is empty: give one or more values, comma separated")
     shape_flags = (experts, hidden, intermediate)
     flags_given = bool(models or hf_configs) or any(v is not None for v in shape_flags)
     if spec_file and flags_given:
@@ -279,7 +320,7 @@ def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_co
         if tp != 1 or ep != 1:
             raise UserError("--tp/--ep shard the flags' models; with a SPEC file set tp/ep in the file")
         return override(
-            load_spec(spec_file or default_file),
+            load_spec(find_spec(spec_file) if spec_file else default_file),
             ms=_int_list(ms, "--m") if ms else None,
             dtypes=_str_list(dtypes) or None,
             paths=_str_list(paths) or None,
@@ -310,3 +351,56 @@ def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_co
         ep=ep,
         tune=tune,
     )
+
+
+# What the interpreter runs in place of the GPU defaults the user did not choose: bf16 dots come out wrong
+# there, torch (the float32 reference) runs anywhere a GPU-only path cannot, and the GPU's grid of M takes
+# minutes where INTERPRETER_MS takes seconds.
+INTERPRETER_DTYPES = {"bf16": "fp16"}
+INTERPRETER_PATH = "torch"
+
+
+def _interpreter_dtypes(dtypes: tuple[str, ...]) -> tuple[str, ...]:
+    return _union(INTERPRETER_DTYPES.get(d, d) for d in dtypes)
+
+
+def _cannot_run(spec: SweepSpec, block: Block, path_name: str, target: Target) -> str | None:
+    """Why ``path_name`` runs none of ``block``'s points on ``target`` even in the interpreter's dtypes, or None."""
+    friendly = replace(block, dtypes=_interpreter_dtypes(block.dtypes), paths=(path_name,))
+    path = get_path(path_name)
+    reasons = [path.supports(p, target) for p, _ in replace(spec, blocks=(friendly,)).points()]
+    return reasons[0] if all(reasons) else None
+
+
+def for_interpreter(spec: SweepSpec, target: Target, dtypes_given: bool = False, paths_given: bool = False,
+                    ms_given: bool = False) -> tuple[SweepSpec, str | None]:
+    """The sweep as the Triton interpreter can run it, and one line saying what changed (None: nothing did).
+
+    Where the user gave no --dtype, bf16 becomes fp16; where no --path, a path that needs a GPU (it runs
+    none of its block's points here, whatever the dtype) gives way to torch; where no --m, the GPU's
+    default M list becomes the cpu spec's. What the user chose is kept, so validation refuses it with its
+    reason. A spec's bf16, GPU-only paths and GPU grid change too: like the flags' defaults, they are
+    choices made for a GPU.
+    """
+    swaps: dict[str, str] = {}  # what was there -> what takes its place, with why
+    blocks = []
+    for b in spec.blocks:
+        if not dtypes_given:
+            swaps.update((d, f"{INTERPRETER_DTYPES[d]} in place of {d} (the interpreter computes {d} tl.dot wrongly)")
+                         for d in b.dtypes if d in INTERPRETER_DTYPES)
+            b = replace(b, dtypes=_interpreter_dtypes(b.dtypes))
+        if not paths_given:
+            dropped = {n: why for n in b.paths if (why := _cannot_run(spec, b, n, target))}
+            swaps.update((n, f"path {INTERPRETER_PATH} in place of {n} ({why.split(':')[0]})")
+                         for n, why in dropped.items())
+            if dropped:
+                b = replace(b, paths=_union([*(n for n in b.paths if n not in dropped), INTERPRETER_PATH]))
+        if not ms_given and b.ms == GPU_MS:
+            swaps["M"] = (f"M {','.join(map(str, INTERPRETER_MS))} in place of {','.join(map(str, GPU_MS))} "
+                          "(the interpreter is slow)")
+            b = replace(b, ms=INTERPRETER_MS)
+        blocks.append(b)
+    if not swaps:
+        return spec, None
+    note = f"No CUDA GPU, so: {'; '.join(swaps.values())}. --dtype, --path and --m choose."
+    return replace(spec, blocks=tuple(blocks)), note

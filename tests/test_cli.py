@@ -15,6 +15,7 @@ from moebench._interpret import interpreting
 from moebench.results import ROW_COLUMNS, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
+GPU_RUN = ROOT / "tests" / "data" / "h200-quick"  # a run folder from an H200 (the quick spec)
 
 # These tests pin the CPU behaviour (interpreter rows, refusals of GPU-only work); on a GPU
 # machine the same commands are exercised by the benchmark runs themselves.
@@ -124,6 +125,12 @@ def test_export_configs_refuses_interpreter_runs(cpu_run, tmp_path):
     (["sweep", "--hf-config", "nowhere/config.json", "--m", "1"], "nowhere"),  # missing HF config
     (["sweep", "--model", "tiny", "--m", "1", "--dtype", "int3"], "unknown dtype"),  # unknown dtype
     (["report", "no-such-run"], "no run folder"),  # missing run folder
+    (["sweep", "--model", "tiny", "--m", ""], "--m is empty"),  # an empty list is no default
+    (["sweep", "--model", "tiny", "--m", "1", "--tp", "x"], "'x' is not a valid integer"),  # click's own check
+    (["sweep", "--model", "tiny", "--m", "1", "--bogus"], "No such option"),  # an unknown flag
+    (["sweep", "nosuch-spec"], "shipped specs: cpu"),  # neither a file nor a shipped spec's name
+    (["profile", "--config", '{"BLOCK_SIZE_M": 16}'], "--config"),  # a tile config missing fields
+    (["profile", "--config", "[16, 64]"], "JSON object"),  # a tile config that is not an object
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, fragment):
     out = tmp_path / "out"
@@ -149,7 +156,7 @@ def test_export_configs_from_the_committed_h200_run(tmp_path, layout, folder):
     """A GPU run exports one loadable table per (E, N, dtype); SGLang's folder names the run's Triton."""
     from moebench.configs import ConfigTable
 
-    proc = moebench("export-configs", str(ROOT / "results" / "h200-quick"), "--out", str(tmp_path),
+    proc = moebench("export-configs", str(GPU_RUN), "--out", str(tmp_path),
                     "--layout", layout)
     assert proc.returncode == 0, proc.stderr
     written = [Path(p) for p in proc.stdout.split()]
@@ -159,3 +166,129 @@ def test_export_configs_from_the_committed_h200_run(tmp_path, layout, folder):
         assert p.parent == tmp_path / folder if folder else p.parent == tmp_path
         table = ConfigTable.from_json(p)
         assert sorted(table) == [1, 16, 128, 1024, 4096]
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_sweep_with_its_defaults_runs_on_the_cpu_and_says_what_it_changed(tmp_path):
+    """`moebench sweep --model tiny`: the GPU defaults (bf16, cutlass, M up to 4096) give way to what the
+    interpreter runs (fp16, torch, small M), one stderr line says so, and the table shows each point's check."""
+    proc = moebench("sweep", "--model", "tiny", "--out", str(tmp_path), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    (changed,) = [line for line in proc.stderr.splitlines() if line.startswith("No CUDA GPU, so:")]
+    assert all(word in changed for word in ("fp16 in place of bf16", "torch in place of cutlass", "M 1,16,64"))
+    (run_dir,) = list(tmp_path.iterdir())
+    _, df = load_run(run_dir)
+    assert set(df["dtype"]) == {"fp16"} and set(df["path"]) == {"triton", "torch"}
+    assert sorted(set(df["M"])) == [1, 16, 64] and df["correct"].all()
+    header = next(line for line in proc.stdout.splitlines() if "model" in line)
+    assert "correct" in header and "rel_err" in header and "tflops" not in header
+    assert "time-to-first-token" not in proc.stdout  # no TTFT from an interpreter run or a 1-token layer
+
+
+def test_bf16_asked_for_by_name_is_refused_on_the_cpu(tmp_path):
+    """What the user names is not swapped: the interpreter's reason is the one error line."""
+    proc = moebench("sweep", "--model", "tiny", "--m", "1", "--dtype", "bf16", "--path", "triton",
+                    "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2
+    (line,) = _error_lines(proc.stderr)
+    assert line.startswith("error: path 'triton'") and "bf16 tl.dot wrongly" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_files_get_the_permissions_of_any_new_file(cpu_run):
+    """meta.json is renamed from a temp file: it reads like rows.jsonl (0666 less the umask), not 0600."""
+    _, run_dir = cpu_run
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("meta.json", "rows.jsonl"):
+        assert (run_dir / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
+
+
+def test_compare_a_cpu_run_with_a_gpu_run_is_one_error(cpu_run):
+    """Interpreter timings against an H200's: one line that says why, exit 2, and no warning before it."""
+    _, run_dir = cpu_run
+    for base, new in ((run_dir, GPU_RUN), (GPU_RUN, run_dir)):
+        proc = moebench("compare", str(base), str(new))
+        assert proc.returncode == 2
+        (line,) = _error_lines(proc.stderr)
+        assert line.startswith("error: cannot compare") and "interpreter" in line and "NVIDIA H200" in line
+
+
+def test_report_leaves_out_a_torn_last_row_and_says_so(cpu_run, tmp_path):
+    """A run killed while appending leaves half a line: the rows before it are reported, with a warning."""
+    _, run_dir = cpu_run
+    torn = tmp_path / "torn"
+    shutil.copytree(run_dir, torn)
+    with open(torn / "rows.jsonl", "a") as f:
+        f.write('{"model": "ti')
+    proc = moebench("report", str(torn), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)["throughput"]) == 4
+    (line,) = _error_lines(proc.stderr)
+    assert "line 5 is cut short" in line
+
+
+def test_report_of_a_folder_of_runs_names_the_runs_inside(cpu_run, tmp_path):
+    _, run_dir = cpu_run
+    shutil.copytree(run_dir, tmp_path / "many" / "one-run")
+    proc = moebench("report", str(tmp_path / "many"))
+    assert proc.returncode == 2
+    (line,) = _error_lines(proc.stderr)
+    assert "not a moebench run folder" in line and "one-run" in line
+
+
+@pytest.mark.parametrize("args", [
+    ["sweep", "--model", "tiny", "--m", "1", "--path", "torch", "--out", "{file}"],  # --out is a file
+    ["sweep", "--model", "tiny", "--m", "1", "--path", "torch", "--out", "{file}/runs"],  # a file in its path
+    ["export-configs", str(GPU_RUN), "--out", "{file}"],  # the tables' folder is a file
+])
+def test_an_output_path_that_is_a_file_is_one_line(tmp_path, args):
+    file = tmp_path / "taken"
+    file.write_text("keep me\n")
+    proc = moebench(*(a.format(file=file) for a in args))
+    assert proc.returncode == 2, proc.stderr
+    (line,) = _error_lines(proc.stderr)
+    assert line.startswith("error:") and str(file) in line and "Traceback" not in proc.stderr
+    assert file.read_text() == "keep me\n" and sorted(tmp_path.iterdir()) == [file]
+
+
+def test_an_output_folder_that_is_read_only_is_one_line(tmp_path):
+    """--out in a folder that takes no new files; skipped where the user (root) can write there anyway."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("this user can write into a 0555 folder (root)")
+        for out in (locked, locked / "runs"):
+            proc = moebench("sweep", "--model", "tiny", "--m", "1", "--path", "torch", "--out", str(out))
+            assert proc.returncode == 2, proc.stderr
+            (line,) = _error_lines(proc.stderr)
+            assert line.startswith("error:") and str(locked) in line
+        assert not any(locked.iterdir())
+    finally:
+        locked.chmod(0o755)
+
+
+def test_an_output_folder_on_a_read_only_mount_is_one_line(tmp_path, monkeypatch, capsys):
+    """A read-only file system (EROFS, simulated: creating any folder fails) ends in one line and exit 2."""
+    import errno
+
+    from moebench import cli
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    out = tmp_path / "mnt" / "runs"
+    monkeypatch.setattr(sys, "argv", ["moebench", "sweep", "--model", "tiny", "--m", "1", "--path", "torch",
+                                      "--out", str(out), "--no-progress"])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 2
+    (line,) = _error_lines(capsys.readouterr().err)
+    assert line == f"error: {out}: {os.strerror(errno.EROFS)}"
+    assert not (tmp_path / "mnt").exists()

@@ -9,6 +9,7 @@ from moebench.compare import (
     COMPARE_COLUMNS,
     KEY,
     UNMATCHED_COLUMNS,
+    check_comparable,
     compare_runs,
     count_slower,
     device_mismatch,
@@ -114,6 +115,20 @@ def test_interpreter_run_is_never_compared_with_a_gpu_run():
         compare_runs(mixed, gpu)
     # two interpreter runs may be compared with each other
     assert compare_runs(cpu, cpu)["verdict"].tolist() == ["SAME"]
+
+
+def test_an_interpreter_run_against_a_gpu_run_is_one_refusal_and_no_warning():
+    """The CLI checks comparability first: one line naming what ran where, and no device warning about it."""
+    gpu = frame(row(1, 100.0))
+    cpu = frame(row(1, 5000.0, interpreter=True, device_name="cpu (x86_64)"))
+    for base, new, interp in ((cpu, gpu, "base"), (gpu, cpu, "new")):
+        with pytest.raises(UserError) as info:
+            check_comparable(base, new)
+        msg = str(info.value)
+        assert "\n" not in msg and f"the {interp} run used the CPU interpreter" in msg and "NVIDIA H200" in msg
+        assert device_mismatch(base, new) is None
+    check_comparable(cpu, cpu)
+    check_comparable(gpu, frame(row(1, 150.0, device_name="NVIDIA H100 80GB HBM3")))  # two GPUs: a warning only
 
 
 def test_device_mismatch_is_a_message_not_an_error():

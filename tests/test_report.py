@@ -261,3 +261,54 @@ def test_gains_config_names_the_fields_set_away_from_their_defaults():
     df.loc[df["time_us"] == 80.0, "config"] = [{**df.loc[0, "config"], "split_k": 4, "gemm2_split_k": 2,
                                                 "atomic_out": True}]
     assert gains_table(df).set_index("dtype").loc["bf16", "config"] == "16x64x128 w4 s3 out-sum split4 g2split2"
+
+
+def _cpu_rows() -> pd.DataFrame:
+    """An interpreter run by hand: three checked points (one failed its check) and one the path cannot run."""
+    cpu = dict(interpreter=True, device_name="cpu (x86_64)", floor_us=None, pct_of_floor=None)
+    return frame(
+        row(M=1, time_us=9000.0, rel_err=3e-4, **cpu),
+        row(M=16, time_us=9500.0, rel_err=2e-4, **cpu),
+        row(M=16, path="torch", time_us=800.0, rel_err=0.0, **cpu),
+        row(M=256, status="incorrect", correct=False, rel_err=0.5, time_us=None, **cpu),  # wrong: shown as such
+        row(M=512, status="unsupported", correct=None, rel_err=None, time_us=None, **cpu),  # never checked
+    )
+
+
+def test_an_interpreter_run_shows_its_check_not_throughput():
+    """Interpreter rows: correct and rel_err follow the throughput columns, failed checks are listed, and
+    the throughput figures (GPU-like claims from CPU wall clock) are empty."""
+    from moebench.report import CHECK_COLUMNS, INTERPRETER_VIEW, is_interpreter_run
+
+    df = _cpu_rows()
+    assert is_interpreter_run(df) and not is_interpreter_run(sample())
+    t = throughput_table(df)
+    assert list(t.columns) == THROUGHPUT_COLUMNS + CHECK_COLUMNS
+    assert list(zip(t["M"], t["path"], t["correct"], strict=True)) == [
+        (1, "triton", True), (16, "torch", True), (16, "triton", True), (256, "triton", False)]
+    assert t[["pct_of_floor", "tflops", "gbps", "decode_tok_s"]].isna().all().all()
+    assert t.attrs["people_columns"] == INTERPRETER_VIEW
+    text = _rendered(t, "check")
+    header = next(line for line in text.splitlines() if "model" in line)
+    assert [c.strip() for c in header.strip("┃ ").split("┃")] == INTERPRETER_VIEW
+    assert INTERPRETER_CAPTION in text and "5.00e-01" in text and "no" in text
+    assert list(json.loads(render(t, "json", "t"))[0]) == THROUGHPUT_COLUMNS + CHECK_COLUMNS  # programs: all
+
+
+def test_gpu_rows_beside_interpreter_rows_keep_their_figures():
+    """Rows of two runs together (a GPU one, a CPU one): the GPU rows' figures stay, every column is shown."""
+    t = throughput_table(pd.concat([frame(row(M=1, time_us=80.0)), _cpu_rows()], ignore_index=True))
+    gpu = t[t["time_us"] == 80.0].iloc[0]
+    assert gpu["tflops"] == 1.5 and gpu["pct_of_floor"] == 50.0 and "people_columns" not in t.attrs
+
+
+def test_the_printed_ttft_table_is_gpu_prefill_only():
+    """No TTFT from interpreter rows or from M below prefill size (a 1-token layer is no first token)."""
+    from moebench.report import prefill_ttft_table
+
+    assert prefill_ttft_table(_cpu_rows()).empty
+    assert list(prefill_ttft_table(_cpu_rows()).columns) == TTFT_COLUMNS
+    assert prefill_ttft_table(frame(row(M=1), row(M=16))).empty  # GPU, decode only
+    t = prefill_ttft_table(pd.concat([sample(), _cpu_rows().assign(M=4096)], ignore_index=True))
+    assert set(t["prompt_len"]) == {128, 512, 4096} and t.attrs["caption"] is None
+    pd.testing.assert_frame_equal(t, ttft_table(sample()))  # the GPU rows' table, unchanged

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import torch
 
+import moebench
 from moebench.errors import UserError
-from moebench.spec import build_spec, load_spec
+from moebench.paths import Target
+from moebench.spec import (
+    GPU_MS,
+    INTERPRETER_MS,
+    SWEEPS_DIR,
+    build_spec,
+    default_spec_file,
+    find_spec,
+    for_interpreter,
+    from_options,
+    load_spec,
+    shipped_specs,
+)
 
-REPO_SWEEPS = __import__("pathlib").Path(__file__).resolve().parent.parent / "sweeps"
+ROOT = Path(__file__).resolve().parent.parent
+REPO_SWEEPS = SWEEPS_DIR  # the shipped specs, inside the package
+CPU = Target(torch.device("cpu"), True, None)  # the Triton interpreter, whatever this machine has
 
 
 def _write(tmp_path, text: str):
@@ -54,6 +72,8 @@ def test_points_share_weights_in_order(tmp_path):
     ("models: [tiny]\nm: [1]\npaths: [magic]\n", "unknown path"),  # unknown path
     ("shapes: [{experts: 8, hidden: 64}]\nm: [1]\n", "missing 'intermediate'"),  # incomplete shape
     ("models: [tiny]\nm: [two]\n", "not an integer"),  # non-numeric M
+    ("models: [tiny]\nm: [1]\ntp: two\n", "tp: expected an integer, got 'two'"),  # non-numeric tp
+    ("models: [tiny]\nm: [1]\nseed: [1]\n", "seed: expected an integer"),  # a list where an int goes
 ])
 def test_bad_specs_fail_with_one_line(tmp_path, text, fragment):
     with pytest.raises(UserError) as info:
@@ -65,6 +85,47 @@ def test_bad_specs_fail_with_one_line(tmp_path, text, fragment):
 def test_missing_spec_file(tmp_path):
     with pytest.raises(UserError, match="no sweep spec"):
         load_spec(tmp_path / "nope.yaml")
+
+
+def test_a_spec_that_is_not_text_is_one_line(tmp_path):
+    p = tmp_path / "spec.yaml"
+    p.write_bytes(b"\xff\xfe\x00m")
+    with pytest.raises(UserError, match="not a text file"):
+        load_spec(p)
+
+
+def test_default_specs_ship_inside_the_package():
+    """An installed moebench finds its default specs beside its modules (package data), and they load."""
+    assert SWEEPS_DIR == Path(moebench.__file__).resolve().parent / "sweeps"
+    for interpreter, name in ((True, "cpu"), (False, "quick")):
+        path = default_spec_file(interpreter)
+        assert path.parent == SWEEPS_DIR and path.stem == name and load_spec(path).points()
+    assert {"cpu", "quick", "h200-kernels"} <= set(shipped_specs())
+
+
+def test_the_top_level_sweeps_folder_links_to_the_package():
+    """`sweeps/quick.yaml`, as the docs spell it, is the shipped file (a relative link, so a clone keeps it)."""
+    link = ROOT / "sweeps"
+    assert link.is_symlink() and not Path(link.readlink()).is_absolute()
+    assert (link / "quick.yaml").resolve() == (SWEEPS_DIR / "quick.yaml").resolve()
+
+
+def test_pyproject_ships_the_specs_as_package_data():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "sweeps/*.yaml" in data["tool"]["setuptools"]["package-data"]["moebench"]
+
+
+def test_a_spec_argument_is_a_file_or_a_shipped_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert find_spec("quick") == find_spec("quick.yaml") == SWEEPS_DIR / "quick.yaml"
+    (tmp_path / "quick.yaml").write_text("models: [tiny]\nm: [1]\n")
+    assert find_spec("quick.yaml") == Path("quick.yaml")  # a file of that name comes first
+    with pytest.raises(UserError, match="no sweep spec at nope; shipped specs: cpu"):
+        find_spec("nope")
+    with pytest.raises(UserError, match="no sweep spec"):
+        find_spec("elsewhere/quick")  # a name with a folder is a path, not a shipped spec
 
 
 def test_flags_build_a_plan_with_tp_and_topk_override():
@@ -110,3 +171,45 @@ def test_from_options_explicit_shape_and_flags_over_a_spec():
     assert {s.name for s in over.shapes} == {"mixtral-8x7b", "deepseek-v3"}
     with pytest.raises(UserError, match="not both"):
         from_options(REPO_SWEEPS / "quick.yaml", REPO_SWEEPS / "cpu.yaml", models=("tiny",))
+
+
+def test_flags_defaults_become_what_the_interpreter_runs():
+    """No --dtype, --path or --m: bf16, cutlass and the GPU's M give way to fp16, torch and small M, said once."""
+    plan = from_options(None, default_spec_file(True), models=("tiny",))
+    assert plan.dtypes == ("bf16",) and plan.paths == ("triton", "cutlass") and plan.ms == GPU_MS
+    cpu, note = for_interpreter(plan, CPU)
+    assert cpu.dtypes == ("fp16",) and cpu.paths == ("triton", "torch") and cpu.ms == INTERPRETER_MS
+    assert "\n" not in note and all(w in note for w in ("fp16 in place of bf16", "torch in place of cutlass",
+                                                         "sm90", "M 1,16,64"))
+
+
+def test_what_the_user_names_is_kept_on_the_interpreter():
+    """Given flags stay as they are (validation then refuses what cannot run, with its reason)."""
+    plan = from_options(None, default_spec_file(True), models=("tiny",), dtypes="bf16", paths="triton,cutlass",
+                        ms="1,16,128,1024,4096")
+    assert for_interpreter(plan, CPU, dtypes_given=True, paths_given=True, ms_given=True) == (plan, None)
+    only_dtype, note = for_interpreter(plan, CPU, dtypes_given=True)  # bf16 named: triton stays (and is refused)
+    assert only_dtype.dtypes == ("bf16",) and only_dtype.paths == ("triton", "torch") and "bf16" not in note
+
+
+def test_a_spec_made_for_the_cpu_is_left_alone_and_a_gpu_spec_is_swapped():
+    assert for_interpreter(load_spec(default_spec_file(True)), CPU)[1] is None
+    kernels, note = for_interpreter(load_spec(REPO_SWEEPS / "h200-kernels.yaml"), CPU)
+    assert set(kernels.dtypes) == {"fp16", "fp8-tensor", "fp8-block128"} and set(kernels.paths) == {"triton", "torch"}
+    assert note.count("fp16 in place of bf16") == 1  # said once, though two blocks had bf16
+    assert kernels.ms == (1, 4, 16, 64, 256, 1024, 4096)  # not the GPU's default list: the spec's own M stay
+
+
+def test_the_default_sweep_runs_on_the_interpreter_as_it_is():
+    """`moebench sweep` with no argument on a CPU: the cpu spec, which every path in it can run there."""
+    from moebench.runner import validate
+
+    plan, note = for_interpreter(from_options(None, default_spec_file(True)), CPU)
+    assert note is None and plan.dtypes == ("fp16",)
+    validate(plan, CPU)
+
+
+@pytest.mark.parametrize("flag", ["ms", "dtypes", "paths", "topk"])
+def test_an_empty_list_flag_is_an_error_not_the_default(flag):
+    with pytest.raises(UserError, match="is empty"):
+        from_options(None, default_spec_file(True), models=("tiny",), **{flag: " , "})
