@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from moebench.hardware import DeviceLimits
 from moebench.kernels.stream import read_all, read_rows
 from moebench.problem import Problem
 from moebench.timing import time_eager, time_graph
@@ -42,14 +43,12 @@ def measure_ceilings(size: int = 8192, copy_bytes: int = 4 << 30) -> Ceilings:
     gen = torch.Generator(device="cuda").manual_seed(1234)
     src = torch.randn(copy_bytes // 2, device="cuda", dtype=torch.bfloat16, generator=gen)
     dst = torch.empty_like(src)
-    # A copy captured in a graph may run on the copy engines, slower than SM kernels
-    # (seen on an H200: 2.8 TB/s in a graph, ~4.3 TB/s eager): take the faster of both.
+    # A copy captured in a graph may run on the copy engines, slower than SM kernels: take the faster of both.
     t = min(time_graph(lambda: dst.copy_(src), min_reps=10, max_reps=30).median_us,
             time_eager(lambda: dst.copy_(src), min_reps=10, max_reps=30).median_us)
     copy_gbps = 2 * copy_bytes / (t * 1e-6) / 1e9
-    # Read bandwidth: the fastest of a torch reduction and two shapes of streaming-read kernel
-    # (seen on an H200: 4.39-4.49 TB/s, about 3% above a copy).
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    # Read bandwidth: the fastest of a torch reduction and two shapes of streaming-read kernel.
+    sms = DeviceLimits.current().sms
     total = torch.empty((), device="cuda", dtype=torch.float32)
     reads = [lambda: torch.sum(src, dim=0, dtype=torch.float32, out=total)]
     for per_sm, block, warps in ((8, 4096, 8), (16, 8192, 8), (32, 2048, 4)):
@@ -97,6 +96,7 @@ class Floor:
 
 
 def floor(problem: Problem, experts_touched: int, ceilings: Ceilings) -> Floor:
+    """The slower of moving the point's fewest bytes at the memory ceiling and its FLOPs at its dtype's rate."""
     nbytes = problem.min_bytes(experts_touched)
     mem_us = nbytes / (ceilings.mem_gbps * 1e9) * 1e6
     cmp_us = problem.flops / (ceilings.matmul_tflops(problem.dtype) * 1e12) * 1e6
