@@ -133,7 +133,7 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     from moebench.spec import default_spec_file, for_interpreter, from_options
 
     interpreter = interpreting()
-    plan = from_options(
+    sweep_spec = from_options(
         spec, default_spec_file(interpreter), models=models, hf_configs=hf_configs, experts=experts,
         hidden=hidden, intermediate=intermediate, topk=topk, ms=ms, dtypes=dtypes, paths=paths, routing=routing,
         seed=seed, tp=tp, ep=ep, tune=tune,
@@ -141,9 +141,9 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     target = Target.current()
     changed = None
     if interpreter:
-        plan, changed = for_interpreter(plan, target, dtypes_given=dtypes is not None,
+        sweep_spec, changed = for_interpreter(sweep_spec, target, dtypes_given=dtypes is not None,
                                         paths_given=paths is not None, ms_given=ms is not None)
-    validate(plan, target)  # refuse before anything is printed or written
+    plan = validate(sweep_spec, target)  # refuse before anything is printed or written; the plan, built once
     ensure_out_dir(out_dir)  # an --out that is a file or read-only fails here, before any work
     out = _console()
     if interpreter:
@@ -157,7 +157,7 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
         task = bar.add_task("measuring ceilings" if not interpreter else "sweeping", total=None)
 
         def started(n: int) -> None:
-            bar.update(task, total=n, description=f"sweep {plan.name}")
+            bar.update(task, total=n, description=f"sweep {sweep_spec.name}")
 
         def advanced(row: dict) -> None:
             bar.update(task, advance=1, description=f"{row['model']} {row['dtype']} M={row['M']} {row['path']}")

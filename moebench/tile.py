@@ -131,8 +131,14 @@ class TileConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise UserError(f"tile config: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+        missing = [f.name for f in fields(cls)[:3] if f.name not in d]  # the tile's shape has no default
+        if missing:
+            raise UserError(f"tile config: missing key {missing[0]!r}")
         flags = {f.name for f in fields(cls) if f.type in ("bool", bool)}
-        return cls(**{k: bool(v) if k in flags else int(v) for k, v in d.items()})
+        try:
+            return cls(**{k: bool(v) if k in flags else int(v) for k, v in d.items()})
+        except (TypeError, ValueError) as e:
+            raise UserError(f"tile config: {e}") from None
 
     @property
     def portable(self) -> bool:
