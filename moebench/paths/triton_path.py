@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from moebench.errors import UserError
-from moebench.kernels.fused_moe import fused_moe
+from moebench.kernels.fused_moe import DeviceFacts, LayerShapes, fused_moe, launch_plan
 from moebench.paths.base import Target, register
 from moebench.problem import MoEInputs, Problem
 from moebench.tile import TileConfig, default_config
@@ -33,12 +32,10 @@ class TritonPath:
 
     def prepare(self, inputs: MoEInputs, problem: Problem, config: TileConfig | None):
         cfg = config or self.default_config(problem)
-        if problem.spec.fp8_scheme == "block128" and cfg.BLOCK_SIZE_K != 128:
-            raise UserError(f"tile config: fp8-block128 needs BLOCK_SIZE_K=128 (one scale block per step), "
-                            f"not {cfg.BLOCK_SIZE_K}")
-        if cfg.gemm1_quant_x and problem.spec.fp8_scheme != "block128":
-            raise UserError(f"tile config: gemm1_quant_x is for fp8-block128, not {problem.spec.name}")
         w = inputs.weights
+        # A config the scheme or the shapes cannot run is refused here, once, not at the first launch.
+        launch_plan(cfg, w.fp8_scheme, LayerShapes.of(inputs.x, w.w13, inputs.topk_ids, act_scale=w.act_scale),
+                    DeviceFacts.of(inputs.x.device))
 
         def run(out: torch.Tensor) -> None:
             fused_moe(inputs.x, w.w13, w.w2, inputs.topk_weights, inputs.topk_ids, cfg, out=out,
