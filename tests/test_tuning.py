@@ -219,18 +219,18 @@ def test_gemm2_columns_first_tried_where_the_atomic_sum_is_larger_than_l2(monkey
     """DeepSeek-V3@tp8 M=4096 sums into [4096, 7168] (59 MB in bf16, more than the 50 MB L2): each of its
     atomic-sum candidates, the bf16-output form included (as on a GPU), has a twin taking GEMM2's column
     chunks one after another, and no stored-sum candidate does. Qwen3 M=4096 (17 MB in bf16, 34 MB in
-    float32) and decode get none."""
+    float32) and decode get none. The L2 is an H100/H200 SXM's 50 MiB (a device may report more)."""
     import moebench.tuning as tuning
 
     monkeypatch.setattr(tuning, "interpreting", lambda: False)
     ds = shard(get_model("deepseek-v3"), tp=8)
-    cands = candidates(Problem(ds, 4096, "fp8-block128"))
+    cands = candidates(Problem(ds, 4096, "fp8-block128"), limits=HOPPER)
     tried = [c for c in cands if c.gemm2_columns_first]
     assert any(c.atomic_out for c in tried) and all(c.atomic_sum for c in tried)
     assert {replace(c, gemm2_columns_first=False).key() for c in tried} == {
         c.key() for c in cands if c.atomic_sum and not c.gemm2_columns_first}
     for model, m in ((get_model("qwen3-30b-a3b"), 4096), (ds, 1)):
-        assert not any(c.gemm2_columns_first for c in candidates(Problem(model, m, "fp8-block128")))
+        assert not any(c.gemm2_columns_first for c in candidates(Problem(model, m, "fp8-block128"), limits=HOPPER))
 
 
 def test_gemm2_preload_tried_with_a_tile_per_slot_at_fp8_only():
