@@ -313,7 +313,7 @@ def profile_cmd(model, tp, dtype, m, path_name, config_json, fmt):
         raise UserError(f"--config is a JSON object of tile fields, not {type(given).__name__}")
     try:
         config = TileConfig.from_dict(given) if given is not None else None
-    except (TypeError, ValueError) as e:  # missing or unknown fields, values out of range
+    except UserError as e:  # missing or unknown fields, values out of range
         raise UserError(f"--config: {e}") from None
     problem = Problem(shard(get_model(model), tp=tp), m, dtype)
     table = pd.DataFrame(kernel_breakdown(problem, path_name, config))
