@@ -76,6 +76,14 @@ def _print_tables(df, fmt: str, out) -> None:
                                "ttft": json.loads(report.render(ttft, "json", "ttft"))}, indent=2))
 
 
+def _progress(enabled: bool):
+    """A progress bar on stderr (task, bar, done/total, elapsed); disabled, it prints nothing."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=_err_console(), disable=not enabled, transient=False)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="moebench")
 def cli() -> None:
@@ -123,8 +131,6 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     you did not override (bf16, GPU-only paths, the GPU's M list) give way to fp16, torch and small M,
     and a line on stderr says so.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from moebench._interpret import interpreting
     from moebench.paths import Target
     from moebench.precompile import default_jobs
@@ -151,8 +157,7 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
               "CPU timings check correctness only; they are not GPU performance.", "yellow")
         if changed:
             _note(changed, "yellow")
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=_err_console(), disable=not progress, transient=False)
+    bar = _progress(progress)
     with bar:
         task = bar.add_task("measuring ceilings" if not interpreter else "sweeping", total=None)
 
@@ -351,8 +356,6 @@ def bounds(runs, path_name, fmt, out_dir, progress):
     """
     import json
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from moebench import report
     from moebench.probes import bounds as probe
     from moebench.probes.bounds_measure import preflight, run_bounds
@@ -360,8 +363,7 @@ def bounds(runs, path_name, fmt, out_dir, progress):
     points, warnings = probe.load_points(runs, path_name)
     for w in warnings + [f"warning: {w}" for w in preflight(points, out_dir)]:
         _note(w, "yellow")
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=_err_console(), disable=not progress, transient=False)
+    bar = _progress(progress)
     with bar:
         task = bar.add_task("measuring ceilings", total=len(points))
         rows, ceilings, run_dir = run_bounds(
