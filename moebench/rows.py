@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from moebench.problem import Problem
 
 STATUSES = ("ok", "unsupported", "incorrect", "error")
+# Why a tuning candidate has no time (``status`` "error" or "incorrect"): its kernels failed to compile, needed
+# more shared memory or registers than the GPU has, gave a wrong result, ran past the time limit, killed its
+# worker process, or raised another GPU-side error.
+FAILURES = ("compile", "resources", "incorrect", "hang", "crash", "error")
+# What a tuning row is: a short timing that ranks candidates, or the longer re-timing of the few kept.
+PHASES = ("screen", "final")
 
 
 @dataclass(frozen=True)
@@ -56,10 +62,17 @@ class Row:
     interpreter: bool = False  # timed on the CPU interpreter: correctness only
     timing_method: str | None = None
     error: str | None = None  # why the point has no time (one line)
+    # tuning (``moebench tune``); None in a sweep's rows
+    phase: str | None = None  # one of PHASES
+    failure: str | None = None  # one of FAILURES, where a candidate has no time
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"row status {self.status!r}; known: {', '.join(STATUSES)}")
+        if self.phase is not None and self.phase not in PHASES:
+            raise ValueError(f"row phase {self.phase!r}; known: {', '.join(PHASES)}")
+        if self.failure is not None and self.failure not in FAILURES:
+            raise ValueError(f"row failure {self.failure!r}; known: {', '.join(FAILURES)}")
 
     @classmethod
     def for_point(cls, problem: Problem, path_name: str, target: Target) -> Row:
