@@ -36,7 +36,7 @@ def test_the_schema_is_the_row_type_and_keeps_its_columns():
 def test_a_point_row_names_its_problem_and_nothing_measured():
     problem = Problem(TINY, 4, "fp16", seed=3)
     row = Row.for_point(problem, "triton", Target.current())
-    assert list(row.as_dict()) == list(COLUMNS)
+    assert list(row.as_dict()) == list(COLUMNS + TUNING_COLUMNS)
     assert (row.model, row.experts, row.hidden, row.intermediate, row.topk, row.M, row.seed) == (
         "tiny", 8, 128, 64, 2, 4, 3)
     assert row.flops == problem.flops and row.status == "ok" and row.time_us is None and row.error is None
