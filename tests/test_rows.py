@@ -52,10 +52,10 @@ def test_a_row_round_trips_through_its_file(tmp_path):
     writer.append(row.as_dict())
     writer.finish()
     [line] = (tmp_path / "run" / ROWS_FILE).read_text().splitlines()
-    assert list(json.loads(line)) == list(COLUMNS)
+    assert list(json.loads(line)) == list(COLUMNS + TUNING_COLUMNS)
     assert Row(**json.loads(line)) == row
     _, df = load_run(tmp_path / "run")
-    assert list(df.columns) == list(COLUMNS) and df["time_us"].item() == 12.5
+    assert list(df.columns) == list(COLUMNS + TUNING_COLUMNS) and df["time_us"].item() == 12.5
 
 
 def test_an_unknown_status_is_refused():
@@ -70,6 +70,6 @@ def test_the_runner_writes_exactly_the_schema(tmp_path):
     seen = []
     run = run_sweep(spec, tmp_path, on_row=seen.append)
     lines = [json.loads(line) for line in (run / ROWS_FILE).read_text().splitlines()]
-    assert [list(r) for r in lines] == [list(COLUMNS)] * len(lines) and len(lines) == 4
+    assert [list(r) for r in lines] == [list(COLUMNS + TUNING_COLUMNS)] * len(lines) and len(lines) == 4
     assert [list(r) for r in seen] == [list(r) for r in lines]
     assert all(r["status"] in ("ok", "unsupported") for r in lines)
