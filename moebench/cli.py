@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from moebench import __version__
+from moebench.cli_tune import tune as tune_command
 from moebench.errors import UserError, os_error_line
 
 FORMATS = ("table", "csv", "json")
@@ -121,8 +122,10 @@ def cli() -> None:
               help="With --tune on a GPU: worker processes that compile each point's candidates before it is "
                    "timed; 0 compiles them one by one in the sweep's process. [default: cores - 1, at most 12]")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
+@click.option("--fresh", is_flag=True,
+              help="Start a new run folder even where a stopped run of the same sweep under --out could resume.")
 def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dtypes, paths, routing, seed, tp,
-          ep, out_dir, fmt, tune, compile_jobs, progress):
+          ep, out_dir, fmt, tune, compile_jobs, progress, fresh):
     """Run a sweep from SPEC (a YAML file, or the name of a shipped spec such as quick) or from flags,
     write a run folder, print tables.
 
@@ -130,11 +133,14 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     interpreter: correctness only, CPU timings are not GPU performance). Without a GPU, the GPU defaults
     you did not override (bf16, GPU-only paths, the GPU's M list) give way to fp16, torch and small M,
     and a line on stderr says so.
+
+    A run stopped part-way (Ctrl-C, SIGTERM, a kill, a crash) continues in its folder when the same command
+    is run again: the rows it has are kept, the rest are run.
     """
     from moebench._interpret import interpreting
     from moebench.paths import Target
     from moebench.precompile import default_jobs
-    from moebench.results import ensure_out_dir, load_run
+    from moebench.results import ensure_out_dir, load_run, stop_on_sigterm
     from moebench.runner import run_sweep, validate
     from moebench.spec import default_spec_file, for_interpreter, from_options
 
@@ -158,7 +164,7 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
         if changed:
             _note(changed, "yellow")
     bar = _progress(progress)
-    with bar:
+    with stop_on_sigterm(), bar:
         task = bar.add_task("measuring ceilings" if not interpreter else "sweeping", total=None)
 
         def started(n: int) -> None:
@@ -170,8 +176,14 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
         def noted(text: str) -> None:
             bar.update(task, description=text)
 
+        def resumed(run_dir: Path, record: dict) -> None:
+            for w in record.get("warnings", []):
+                _note(w)
+            _note(f"resuming {run_dir}: {record['rows_kept']} rows kept (previous status: {record['previous_status']})")
+
         jobs = default_jobs() if compile_jobs is None else compile_jobs
-        run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started, compile_jobs=jobs, on_note=noted)
+        run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started, compile_jobs=jobs, on_note=noted,
+                            resume=not fresh, on_resume=resumed)
     _, df = load_run(run_dir)
     _print_tables(df, fmt, out)
     _note(f"run folder: {run_dir}")
@@ -179,12 +191,12 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
 
 def _load_run_warned(run: Path, with_commit: bool = False):
     """A run folder's (meta, rows), saying on stderr when its schema version is not this moebench's or a
-    torn last row was left out; with ``with_commit``, each row also gets its run's git commit (``commit``,
-    from meta.json)."""
-    from moebench.results import load_run, schema_warning
+    torn last row was left out, and when the run did not run through (killed, interrupted, failed); with
+    ``with_commit``, each row also gets its run's git commit (``commit``, from meta.json)."""
+    from moebench.results import load_run, schema_warning, status_warning
 
     meta, df = load_run(run)
-    for w in [schema_warning(meta, str(run)), *df.attrs.get("warnings", [])]:
+    for w in [schema_warning(meta, str(run)), status_warning(meta, str(run), len(df)), *df.attrs.get("warnings", [])]:
         if w:
             _note(w)
     if with_commit:
@@ -250,21 +262,31 @@ def compare(base, new, fmt, threshold, fail_on_slower):
 
 @cli.command("export-configs")
 @click.argument("run", type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", default=Path("configs"), show_default=True, type=click.Path(path_type=Path))
-@click.option("--layout", default="vllm", show_default=True, type=click.Choice(["vllm", "sglang"]))
-def export_configs(run, out_dir, layout):
-    """Write a run's best triton tile config per (shape, dtype, M) as vLLM/SGLang JSON files."""
-    from moebench import configs
+@click.option("--out", "out_dir", default=Path("configs"), show_default=True, type=click.Path(path_type=Path),
+              help="Folder to write into, with moebench-export.json (provenance of each file).")
+@click.option("--layout", default="vllm", show_default=True, type=click.Choice(["vllm", "sglang", "moebench"]),
+              help="vllm: OUT/<name>.json; sglang: OUT/configs/triton_<x_y_z>/<name>.json (both from "
+                   "triton-classic rows); moebench: OUT/moebench-tiles_<...>.json, moebench's kernel, every field.")
+@click.option("--engine-triton", default=None, metavar="X.Y.Z",
+              help="sglang: the Triton release the SGLang server runs, which names its folder "
+                   "[default: 3.8.0, SGLang 0.5.23's Triton].")
+def export_configs(run, out_dir, layout, engine_triton):
+    """Write a run's best tile config per (shape, dtype, M) where vLLM, SGLang or moebench reads it.
+
+    The engines' files come from the engines' kernel form (path triton-classic; a tune's final re-timings
+    where an M has them). Prints each file written, then the line that points the engine at them.
+    """
+    from moebench.export import export_run
 
     meta, df = _load_run_warned(run)
-    if df["interpreter"].fillna(False).astype(bool).any():
-        raise UserError(f"{run} is an interpreter (CPU) run: its timings cannot choose GPU tile configs")
-    tables = configs.best_configs(df)
-    if not tables:
-        raise UserError(f"{run} has no correct triton rows with a tile config to export")
-    # SGLang files go in a folder named for the Triton that ran the timings, not the one installed here.
-    for p in configs.write_tables(tables, out_dir, layout=layout, triton_version=meta.get("triton")):
+    done = export_run(meta, df, out_dir, layout=layout, engine_triton=engine_triton,
+                      source_run=str(Path(run).resolve()))
+    for w in done.warnings:
+        _note(w)
+    for p in done.files:
         click.echo(str(p))
+    if done.env_line:
+        click.echo(done.env_line)
 
 
 @cli.command()
@@ -389,13 +411,17 @@ def bounds(runs, path_name, fmt, out_dir, progress):
         _note(f"run folder: {run_dir}")
 
 
+cli.add_command(tune_command)
+
+
 def main() -> None:
     """The ``moebench`` entry point: every error a user can cause ends here as one line and exit status 2."""
     try:
         code = cli.main(standalone_mode=False)
     except UserError as e:
         _fail(str(e))
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:  # Ctrl-C or SIGTERM (click turns a KeyboardInterrupt into Abort)
+        _stopped(e.__cause__)
         _note("aborted")
         sys.exit(130)
     except click.UsageError as e:
@@ -409,6 +435,16 @@ def main() -> None:
     except OSError as e:  # a path the user named: --out a file, a read-only folder, an unreadable run...
         _fail(os_error_line(e))
     sys.exit(code or 0)
+
+
+def _stopped(cause: BaseException | None) -> None:
+    """For a run that Ctrl-C or SIGTERM stopped (``results.Interrupted``): one line and exit 130 / 143."""
+    from moebench.results import Interrupted
+
+    if isinstance(cause, Interrupted):
+        _note(f"interrupted: rows so far in {cause.run_dir}; run the same command to resume" if cause.run_dir
+              else f"interrupted ({cause.signal_name}) before a run folder was made")
+        sys.exit(cause.exit_status)
 
 
 def _fail(message: str, status: int = 2) -> None:

@@ -1,4 +1,4 @@
-"""Tile-config tables in vLLM's and SGLang's file layout: naming, nearest-M lookup, reading and writing.
+"""Tile-config tables in vLLM's and SGLang's file layout: naming, nearest-M lookup, the best config per M, writing.
 
 What the serving engines do (checked against their sources):
 
@@ -10,25 +10,32 @@ What the serving engines do (checked against their sources):
   ``H200`` part mapped to ``NVIDIA_H200``; the block shape is written without
   spaces (``[128,128]``); fp8 is ``dtype=fp8_w8a8`` and float32 activations
   ``dtype=float32``. It reads the file from ``$VLLM_TUNED_CONFIG_FOLDER`` or its
-  own ``configs/`` folder, drops a ``"triton_version"`` entry, turns the keys into
+  own ``configs/`` folder, drops a top-level ``"triton_version"`` entry, turns the keys into
   ints, and picks ``configs[min(configs.keys(), key=lambda x: abs(x - M))]``.
-- SGLang (``python/sglang/srt/layers/moe/fused_moe_triton/fused_moe_triton_config.py``,
-  later ``moe_runner/triton_utils/fused_moe_triton_config.py``) uses the same
+- SGLang (``python/sglang/srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py``,
+  earlier ``layers/moe/fused_moe_triton/fused_moe_triton_config.py``) uses the same
   pattern but formats the block shape as a Python list (``[128, 128]``, with the
   space), does not rename H200 variants, adds ``,per_channel_quant=True`` for
-  per-channel fp8, and reads from ``<dir>/configs/triton_<x_y_z>/`` where ``<dir>``
-  is ``$SGLANG_MOE_CONFIG_DIR`` or its package folder and ``x_y_z`` is
-  ``triton.__version__`` with dots replaced by underscores (falling back to other
-  ``triton_*`` folders, newest first). Same nearest-M rule.
+  per-channel fp8, and reads ``<dir>/configs/triton_<x_y_z>/<name>``, ``<dir>`` being
+  ``$SGLANG_MOE_CONFIG_DIR`` or its package folder and ``x_y_z`` the serving
+  ``triton.__version__`` with dots replaced by underscores. Missing that file, it lists
+  ``<dir>/configs/`` (an error where that folder does not exist), reads every ``triton_*``
+  name there as dot-separated integers, and takes the newest other version holding the file,
+  with a warning. It turns every key into an int, dropping nothing: a ``"triton_version"``
+  entry would fail there, so SGLang files carry none. Same nearest-M rule.
 
 Both read files written as ``json.dump(configs, f, indent=4)`` plus a newline,
 keys in ascending M, values with the six keys in vLLM's order.
+
+Engine files hold configs timed on the engines' kernel form (path ``triton-classic``: GEMM1 over the 2I
+gate-and-up columns, the activation after it); moebench's own kernel's tables are ``moebench.tables``'s.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -37,10 +44,14 @@ import pandas as pd
 from moebench.dtypes import get_dtype
 from moebench.errors import UserError
 from moebench.results import write_text_atomic
-from moebench.tile import TileConfig
+from moebench.tile import FIELDS, TileConfig
 
 LAYOUTS = ("vllm", "sglang")
+ENGINE_PATH = "triton-classic"  # the path that runs the engines' kernel form, whose timings pick their configs
+ENGINE_KEYS = tuple(f.name for f in FIELDS if f.engine)  # the six parameters the engines' kernel reads
 TABLE_KEY = ("experts", "intermediate", "dtype", "device_name")  # the key of best_configs' result
+# SGLang 0.5.23 runs Triton 3.8; triton.__version__ prints releases as X.Y.Z.
+SGLANG_TRITON = "3.8.0"
 _BLOCK_SHAPES = {"block128": [128, 128]}  # fp8 scheme -> [block_n, block_k]
 _PROBLEM = ("model", "hidden", "topk", "routing")  # what else can differ between rows of one table
 
@@ -82,6 +93,19 @@ def config_file_name(experts: int, n: int, device_name: str, dtype: str, layout:
     return f"E={experts},N={n},device_name={device}{_dtype_selector(dtype, layout)}.json"
 
 
+def sglang_triton_dir(engine_triton: str) -> str:
+    """SGLang's folder for the Triton version its server runs: ``triton_<x_y_z>``.
+
+    The version must read as SGLang reads folder names back (dot-separated integers, as
+    ``triton.__version__`` prints a release): a name like ``triton_3_8_0+git1`` would make
+    SGLang's fallback scan of ``configs/`` fail.
+    """
+    if not re.fullmatch(r"\d+\.\d+\.\d+", engine_triton or ""):
+        raise UserError(f"--engine-triton {engine_triton!r}: give the serving engine's Triton release as X.Y.Z "
+                        f"(e.g. {SGLANG_TRITON})")
+    return f"triton_{engine_triton.replace('.', '_')}"
+
+
 class ConfigTable(Mapping[int, TileConfig]):
     """Tile configs keyed by token count M, as in a vLLM/SGLang config file; keys kept in ascending order."""
 
@@ -116,9 +140,13 @@ class ConfigTable(Mapping[int, TileConfig]):
             raise UserError("config table is empty: no tile config for any M")
         return self._entries[min(self._entries, key=lambda k: abs(k - m))]
 
-    def to_json(self) -> str:
-        """The file's text: keys as strings in ascending M, vLLM's six keys in its order, indent 4."""
-        payload = {str(m): cfg.to_vllm_dict() for m, cfg in self._entries.items()}
+    def to_json(self, triton_version: str | None = None) -> str:
+        """The file's text: keys as strings in ascending M, vLLM's six keys in its order, indent 4; with
+        ``triton_version``, a last top-level entry naming the Triton the table was tuned with (as vLLM's tuner
+        writes it; vLLM drops it when reading, SGLang does not)."""
+        payload: dict = {str(m): cfg.to_vllm_dict() for m, cfg in self._entries.items()}
+        if triton_version is not None:
+            payload["triton_version"] = triton_version
         return json.dumps(payload, indent=4) + "\n"
 
     @classmethod
@@ -144,48 +172,82 @@ class ConfigTable(Mapping[int, TileConfig]):
         if not isinstance(raw, dict):
             raise UserError(f"{name}: expected a JSON object keyed by token count M")
         raw.pop("triton_version", None)
-        entries: dict[int, TileConfig] = {}
-        for key, value in raw.items():
-            try:
-                m = int(key)
-            except ValueError:
-                raise UserError(f"{name}: key {key!r} is not a token count M") from None
-            if m < 1:
-                raise UserError(f"{name}: key {key!r} must be a token count >= 1")
-            if not isinstance(value, dict):
-                raise UserError(f"{name}: M={key}: expected an object of tile parameters")
-            try:
-                entries[m] = TileConfig.from_dict(value)
-            except UserError as e:
-                raise UserError(f"{name}: M={key}: {e}") from None
-            except TypeError as e:  # a required key is missing
-                raise UserError(f"{name}: M={key}: {e}") from None
-            except ValueError:
-                raise UserError(f"{name}: M={key}: tile parameters must be integers") from None
-        if not entries:
-            raise UserError(f"{name}: no tile configs in the file")
-        return cls(entries)
+        return cls(entries_from_json(raw, name))
 
 
-def _flag(v: object) -> bool | None:
+def entries_from_json(raw: Mapping, name: str) -> dict[int, TileConfig]:
+    """``{"<M>": {tile fields}}`` as {M: TileConfig}; a key that is no token count or a bad config is a UserError
+    naming ``name``, as is an empty mapping."""
+    entries: dict[int, TileConfig] = {}
+    for key, value in raw.items():
+        try:
+            m = int(key)
+        except ValueError:
+            raise UserError(f"{name}: key {key!r} is not a token count M") from None
+        if m < 1:
+            raise UserError(f"{name}: key {key!r} must be a token count >= 1")
+        if not isinstance(value, dict):
+            raise UserError(f"{name}: M={key}: expected an object of tile parameters")
+        try:
+            entries[m] = TileConfig.from_dict(value)
+        except UserError as e:
+            raise UserError(f"{name}: M={key}: {e}") from None
+        except TypeError as e:  # a required key is missing
+            raise UserError(f"{name}: M={key}: {e}") from None
+        except ValueError:
+            raise UserError(f"{name}: M={key}: tile parameters must be integers") from None
+    if not entries:
+        raise UserError(f"{name}: no tile configs in the file")
+    return entries
+
+
+def flag(v: object) -> bool | None:
     """A row's bool column as True/False, or None where it is missing."""
     return None if v is None or pd.isna(v) else bool(v)
 
 
-def _problem_columns(df: pd.DataFrame) -> list[str]:
-    return [c for c in _PROBLEM if c in df.columns]
+def _tile(config: Mapping, path: str) -> TileConfig:
+    """A row's config as the path ran it: the engines' form reads the six engine fields only."""
+    if path == ENGINE_PATH:
+        return TileConfig.from_dict({k: v for k, v in config.items() if k in ENGINE_KEYS})
+    return TileConfig.from_dict(dict(config))
 
 
-def best_configs(df: pd.DataFrame) -> dict[tuple, ConfigTable]:
-    """The fastest tile config per (experts, intermediate, dtype, device_name) and M, from a run's rows.
+def timed_rows(df: pd.DataFrame, path: str = ENGINE_PATH) -> pd.DataFrame:
+    """The rows of ``path`` that can pick a config: status ok, not found incorrect, a config and a time; at a
+    (table, M) that has rows of phase "final" (the re-timings of a tune's best candidates), only those.
 
-    Uses triton-path rows with status ok (and correct), a config and a timing, and only
-    ``portable`` configs (every moebench-only field of ``tile.FIELDS`` off): a time measured
-    with Swap-AB, split-K or any other moebench-only form says nothing about the engines'
-    kernels, which have none of them.
+    Adds ``_tile`` (the row's TileConfig as the path ran it) and ``_table`` (its key in ``best_configs``'
+    result). Rows from the CPU interpreter are refused (UserError): their timings say nothing about which
+    tile is fastest on a GPU.
+    """
+    rows = df[(df["path"] == path) & (df["status"] == "ok") & df["time_us"].notna()]
+    rows = rows[rows["config"].map(lambda c: isinstance(c, Mapping)).astype(bool)]
+    if "correct" in rows.columns:
+        rows = rows[rows["correct"].map(lambda v: flag(v) is not False).astype(bool)]
+    if rows.empty:
+        return rows.assign(_tile=None, _table=None)
+    if "interpreter" in rows.columns and rows["interpreter"].map(lambda v: flag(v) is True).any():
+        raise UserError("tile configs come from GPU runs only; this run timed the CPU interpreter")
+    final = rows["phase"].eq("final") if "phase" in rows.columns else pd.Series(False, index=rows.index)
+    has_final = final.groupby([rows[c] for c in (*TABLE_KEY, "M")], dropna=False).transform("any")
+    rows = rows[final | ~has_final.astype(bool)]
+    keys = [table_key(k) for k in rows[list(TABLE_KEY)].itertuples(index=False, name=None)]
+    return rows.assign(_tile=rows["config"].map(lambda c: _tile(c, path)), _table=keys)
+
+
+def table_key(values: tuple) -> tuple:
+    experts, n, dtype, device = values
+    return int(experts), int(n), str(dtype), str(device)
+
+
+def best_configs(df: pd.DataFrame, path: str = ENGINE_PATH) -> dict[tuple, ConfigTable]:
+    """The fastest tile config per (experts, intermediate, dtype, device_name) and M, from a run's rows of
+    ``path`` (``timed_rows``): by default the engines' kernel form, whose six fields are what their files hold;
+    with ``path="triton"``, moebench's own kernel with every tile field.
+
     ``intermediate`` and ``experts`` must be the per-GPU shape that was benchmarked
-    (vLLM's N and E). Rows from the CPU interpreter are refused (UserError): their
-    timings say nothing about which tile is fastest on a GPU.
+    (vLLM's N and E). Every M with a timed row is a key.
 
     When rows of one table at one M come from several problems (models with the
     same E and N but another hidden size or top-k, or several routing
@@ -194,22 +256,17 @@ def best_configs(df: pd.DataFrame) -> dict[tuple, ConfigTable]:
     among the configs measured on the most problems. With one problem this is
     simply the lowest time_us.
     """
-    rows = df[(df["path"] == "triton") & (df["status"] == "ok") & df["time_us"].notna()]
-    # Only configs the engines' kernels can run as written.
-    portable = rows["config"].map(lambda c: isinstance(c, Mapping) and TileConfig.from_dict(dict(c)).portable)
-    rows = rows[portable.astype(bool)]
-    if "correct" in rows.columns:
-        rows = rows[rows["correct"].map(lambda v: _flag(v) is not False)]
+    return best_of(timed_rows(df, path))
+
+
+def best_of(rows: pd.DataFrame) -> dict[tuple, ConfigTable]:
+    """``best_configs`` of rows ``timed_rows`` chose."""
     if rows.empty:
         return {}
-    if "interpreter" in rows.columns and rows["interpreter"].map(lambda v: _flag(v) is True).any():
-        raise UserError("tile configs come from GPU runs only; this run timed the CPU interpreter")
-    rows = rows.assign(_tile=rows["config"].map(lambda c: TileConfig.from_dict(dict(c))))
-    problem = _problem_columns(rows)
+    problem = [c for c in _PROBLEM if c in rows.columns]
     tables: dict[tuple, dict[int, TileConfig]] = {}
-    for key, group in rows.groupby(list(TABLE_KEY), sort=True):
-        table_key = (int(key[0]), int(key[1]), str(key[2]), str(key[3]))
-        per_m = tables.setdefault(table_key, {})
+    for key, group in rows.groupby("_table", sort=True):
+        per_m = tables.setdefault(key, {})
         for m, at_m in group.groupby("M", sort=True):
             per_m[int(m)] = _pick(at_m, problem)
     return {k: ConfigTable(v) for k, v in tables.items()}
@@ -237,46 +294,51 @@ def _pick(at_m: pd.DataFrame, problem: list[str]) -> TileConfig:
     return tiles[min(scores, key=lambda key: (scores[key], key))]
 
 
-def _triton_dir(triton_version: str | None) -> str:
-    if triton_version is None:
-        try:
-            import triton
-        except ImportError:
-            raise UserError("triton is not installed: give the Triton version of the SGLang layout") from None
-        triton_version = triton.__version__
-    return f"triton_{triton_version.replace('.', '_')}"
+def engine_files(
+    tables: Mapping[tuple, ConfigTable],
+    out_dir: Path,
+    layout: str = "vllm",
+    tuned_triton: str | None = None,
+    engine_triton: str = SGLANG_TRITON,
+) -> dict[Path, tuple[tuple, str]]:
+    """Where each table goes and its text, nothing written: {path: (table key, text)}.
+
+    Layout "vllm": ``out_dir/<name>`` (``VLLM_TUNED_CONFIG_FOLDER=out_dir``), the text ending in
+    ``"triton_version": tuned_triton`` where given. Layout "sglang":
+    ``out_dir/configs/triton_<x_y_z>/<name>`` for ``engine_triton``, the Triton the SGLang server runs
+    (``SGLANG_MOE_CONFIG_DIR=out_dir``), and no ``triton_version`` entry. Two tables that map to one file
+    name (e.g. fp8-tensor and fp8-channel in vLLM's naming) are a UserError.
+    """
+    _check_layout(layout)
+    folder = Path(out_dir)
+    if layout == "sglang":
+        folder = folder / "configs" / sglang_triton_dir(engine_triton)
+    files: dict[Path, tuple[tuple, str]] = {}
+    for key, table in tables.items():
+        experts, n, dtype, device = key
+        path = folder / config_file_name(experts, n, device, dtype, layout=layout)
+        if path in files:
+            raise UserError(
+                f"{files[path][0][2]} and {dtype} tables (E={experts}, N={n}, {device}) "
+                f"both map to {path.name}; export them one at a time"
+            )
+        files[path] = (key, table.to_json(tuned_triton if layout == "vllm" else None))
+    return files
 
 
 def write_tables(
     tables: Mapping[tuple, ConfigTable],
     out_dir: Path,
     layout: str = "vllm",
-    triton_version: str | None = None,
+    tuned_triton: str | None = None,
+    engine_triton: str = SGLANG_TRITON,
 ) -> list[Path]:
-    """Write each table where the engine looks for it; return the written paths.
+    """Write each table where the engine looks for it (``engine_files``); return the written paths.
 
-    ``tables`` maps (experts, intermediate, dtype, device_name) to a table, as
-    ``best_configs`` returns. Layout "vllm": ``out_dir/<name>`` (point
-    ``VLLM_TUNED_CONFIG_FOLDER`` at ``out_dir``). Layout "sglang":
-    ``out_dir/triton_<x_y_z>/<name>`` for the given or installed Triton version
-    (``out_dir`` is then ``$SGLANG_MOE_CONFIG_DIR/configs``). Each file is written
-    to a temporary file and renamed. Two tables that map to one file name (e.g.
-    fp8-tensor and fp8-channel in vLLM's naming) are a UserError, before anything is written.
+    Every file is placed and checked before the first is written, and each is written to a temporary
+    file and renamed.
     """
-    _check_layout(layout)
-    folder = Path(out_dir) / _triton_dir(triton_version) if layout == "sglang" else Path(out_dir)
-    targets: dict[Path, tuple] = {}
-    for key in tables:
-        experts, n, dtype, device = key
-        path = folder / config_file_name(experts, n, device, dtype, layout=layout)
-        if path in targets:
-            raise UserError(
-                f"{targets[path][2]} and {dtype} tables (E={experts}, N={n}, {device}) "
-                f"both map to {path.name}; export them one at a time"
-            )
-        targets[path] = key
-    written = []
-    for path, key in targets.items():
-        write_text_atomic(path, tables[key].to_json())
-        written.append(path)
-    return written
+    files = engine_files(tables, out_dir, layout, tuned_triton, engine_triton)
+    for path, (_, text) in files.items():
+        write_text_atomic(path, text)
+    return list(files)

@@ -21,8 +21,10 @@ STATUSES = ("ok", "unsupported", "incorrect", "error")
 # more shared memory or registers than the GPU has, gave a wrong result, ran past the time limit, killed its
 # worker process, or raised another GPU-side error.
 FAILURES = ("compile", "resources", "incorrect", "hang", "crash", "error")
-# What a tuning row is: a short timing that ranks candidates, or the longer re-timing of the few kept.
-PHASES = ("screen", "final")
+# What a tuning row is: a short timing that ranks candidates, the longer re-timing of the few kept, or a
+# chosen config re-timed back to back with the path's untuned one ("default") or with another run's choice
+# ("check", ``moebench tune --check-against``).
+PHASES = ("screen", "final", "default", "check")
 
 
 @dataclass(frozen=True)

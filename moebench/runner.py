@@ -5,7 +5,8 @@ path can run it here and the tile configs it is run with. For each (shape,
 dtype) the weights are built once; for each M the routed activations are drawn
 once and the float32 reference computed once. Each config is prepared once, and
 that one closure is first checked (into a NaN-poisoned output, against the
-reference) and, only if correct, timed. Rows are appended as they finish.
+reference) and, only if correct, timed. Rows are appended as they finish; the
+same sweep started again continues a stopped run's folder, skipping the rows it has.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from pathlib import Path
 import torch
 import triton
 
-from moebench.environment import describe
+from moebench.environment import describe, device_name
 from moebench.errors import UserError, one_line
 from moebench.paths import MoEPath, Target, get_path
 from moebench.paths.base import RunFn
 from moebench.paths.torch_ref import moe_reference
 from moebench.precompile import Precompiler
 from moebench.problem import MoEInputs, Problem, make_inputs, make_weights
-from moebench.results import RunWriter, new_run_dir
+from moebench.results import Interrupted, RunWriter, find_resumable, new_run_dir, request_key, row_identity
 from moebench.roofline import Ceilings, floor, measure_ceilings
 from moebench.rows import Row
 from moebench.spec import SweepSpec
@@ -179,12 +180,44 @@ def _point_rows(point: PlannedPoint, inputs: MoEInputs | None, ref: torch.Tensor
         yield run_config(point, path, inputs, ref, target, ceilings, cfg, budget_s)
 
 
+def planned_identity(point: PlannedPoint, tile: TileConfig | None, target: Target) -> tuple:
+    """The ``row_identity`` of the row that running ``point`` with ``tile`` writes on ``target``."""
+    row = Row.for_point(point.problem, point.path_name, target)
+    return row_identity(replace(row, config=tile.as_dict() if tile is not None else None).as_dict())
+
+
+def sweep_request(plan: SweepPlan) -> dict:
+    """What a sweep is asked to do, as plain data for ``request_key``: its name, the device, the tune flag, and
+    the identity of every row the plan writes (points, paths, routing, seed, tile configs, pinned ones
+    included); not where its folder goes, nor how progress shows."""
+    rows = [list(planned_identity(p, tile, plan.target)) for p in plan.points for tile in p.tiles]
+    return {"kind": "sweep", "name": plan.spec.name, "device": device_name(), "interpreter": plan.target.interpreter,
+            "tune": plan.spec.tune, "rows": rows}
+
+
+def _left_to_run(plan: SweepPlan, done: set[tuple]) -> list[PlannedPoint]:
+    """The plan's points less the configs whose rows are in ``done`` (row identities); points left empty go."""
+    left = []
+    for p in plan.points:
+        tiles = tuple(t for t in p.tiles if planned_identity(p, t, plan.target) not in done)
+        if tiles:
+            left.append(replace(p, tiles=tiles))
+    return left
+
+
 def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dict], None] | None = None,
               on_start: Callable[[int], None] | None = None, compile_jobs: int = 0,
-              on_note: Callable[[str], None] | None = None, configs: Pinned | None = None) -> Path:
-    """Run every point of ``spec`` (or of a plan ``validate`` built); return the run folder. ``on_row`` sees
-    each row as it is written. ``configs`` pins the tile config of the tunable paths at the points it names
-    ((model, dtype, M), as rows name them), in place of the tuner's candidates or the default.
+              on_note: Callable[[str], None] | None = None, configs: Pinned | None = None, resume: bool = True,
+              on_resume: Callable[[Path, dict], None] | None = None) -> Path:
+    """Run every point of ``spec`` (or of a plan ``validate`` built); return the run folder. ``on_start`` is
+    told how many rows are left to run, ``on_row`` sees each row as it is written. ``configs`` pins the tile
+    config of the tunable paths at the points it names ((model, dtype, M), as rows name them), in place of the
+    tuner's candidates or the default.
+
+    With ``resume``, a stopped run of the same request (``sweep_request``) under ``out_base`` is continued in
+    its folder (``results.find_resumable``): its rows are kept and skipped, and ``on_resume`` gets the folder
+    and the record of the reopening. Ctrl-C or SIGTERM (``results.stop_on_sigterm``) raise
+    ``results.Interrupted`` naming the folder, which records "interrupted"; another exception, "failed".
 
     ``compile_jobs`` > 0 (a tuned sweep on a GPU): that many worker processes compile each tuned point's
     candidates before it is timed (``moebench.precompile``); ``on_note`` is told when they start on a point.
@@ -196,23 +229,28 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
     else:
         plan = SweepPlan.build(spec, Target.current(), configs)
     spec, target = plan.spec, plan.target
+    request = request_key(sweep_request(plan))
+    resumable = find_resumable(out_base, request) if resume else None  # refuses a folder a live process writes
     if not spec.tune or target.interpreter:
         compile_jobs = 0  # nothing to compile ahead: one config per point, or no compiler (the interpreter)
     meta = describe(target.interpreter)
     meta.update(sweep=spec.name, timing_method=graph_method() if not target.interpreter else "interpreter wall clock",
-                points=len(plan.points), tune=spec.tune, compile_jobs=compile_jobs)
+                points=len(plan.points), tune=spec.tune, compile_jobs=compile_jobs, request=request)
     ceilings = None
     if target.device.type == "cuda" and not target.interpreter:
         ceilings = measure_ceilings()
         meta["ceilings"] = ceilings.as_dict()
-    writer = RunWriter(new_run_dir(out_base, spec.name), meta)
-    if on_start:
-        on_start(plan.rows)
+    writer = RunWriter(resumable or new_run_dir(out_base, spec.name), meta, resume=resumable is not None)
     budget_s = 0.1 if spec.tune else 0.3
-    status = "interrupted"
+    stopped: BaseException | None = None
     precompiler = Precompiler(compile_jobs) if compile_jobs else None
     try:
-        for (shape, dtype), group in groupby(plan.points, key=lambda p: (p.problem.shape, p.problem.dtype)):
+        if writer.resumed and on_resume:
+            on_resume(writer.run_dir, writer.resumed)
+        points = _left_to_run(plan, {row_identity(r) for r in writer.kept})
+        if on_start:
+            on_start(sum(len(p.tiles) for p in points))
+        for (shape, dtype), group in groupby(points, key=lambda p: (p.problem.shape, p.problem.dtype)):
             group = list(group)
             runs = any(p.reason is None for p in group)
             weights = make_weights(shape, dtype, spec.seed, target.device) if runs else None
@@ -236,12 +274,19 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
             del weights
             if target.device.type == "cuda":
                 torch.cuda.empty_cache()
-        status = "complete"
+    except BaseException as e:
+        stopped = e
+        if isinstance(e, Interrupted):
+            e.run_dir = writer.run_dir
+            raise
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C: Python's own KeyboardInterrupt
+            raise Interrupted("SIGINT", writer.run_dir) from e
+        raise
     finally:
         extra = {}
         if precompiler:
             precompiler.close()
             if precompiler.broken:
                 extra["compile_jobs_stopped"] = precompiler.broken
-        writer.finish(status, **extra)
+        writer.end(stopped, **extra)
     return writer.run_dir

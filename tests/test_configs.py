@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moebench.configs import ConfigTable, best_configs, config_file_name, write_tables
+from moebench.configs import SGLANG_TRITON, ConfigTable, best_configs, config_file_name, write_tables
 from moebench.errors import UserError
 from moebench.tile import TileConfig
 
@@ -187,25 +187,41 @@ def test_from_json_missing_file_is_a_user_error(tmp_path):
         ConfigTable.from_json(tmp_path / "missing.json")
 
 
+def test_to_json_with_triton_version_writes_it_last_and_vllm_reads_past_it():
+    """vLLM's tuner writes "triton_version" after the M keys and vLLM pops it: the table reads back unchanged."""
+    table = sample_table()
+    text = table.to_json(triton_version="3.6.0")
+    raw = json.loads(text)
+    assert list(raw)[-1] == "triton_version" and raw["triton_version"] == "3.6.0"
+    assert ConfigTable.from_json(text) == table
+    for M in (1, 3, 200, 5000):
+        assert engine_lookup(text, M) == table.nearest(M).to_vllm_dict()
+    assert "triton_version" not in table.to_json()
+
+
 # ---- best configs from a run -------------------------------------------------------------------
 
 SHAPE = {
     "model": "mixtral-8x7b", "experts": 8, "hidden": 4096, "intermediate": 14336, "topk": 2, "moe_layers": 32,
 }
+TABLE = (8, 14336, "bf16", "NVIDIA H200")
+# vLLM's benchmark_moe.py default batch sizes: what a default tune covers
+VLLM_BATCH_SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096]
 
 
 def row(M: int, cfg: TileConfig | None, time_us: float, **over) -> dict:
     r = {
-        **SHAPE, "M": M, "dtype": "bf16", "path": "triton", "routing": "uniform",
-        "config": cfg.to_vllm_dict() if cfg else None, "status": "ok", "correct": True, "rel_err": 1e-3,
+        **SHAPE, "M": M, "dtype": "bf16", "path": "triton-classic", "routing": "uniform",
+        "config": cfg.as_dict() if cfg else None, "status": "ok", "correct": True, "rel_err": 1e-3,
         "time_us": time_us, "time_p20_us": time_us, "time_p80_us": time_us, "floor_us": None,
         "pct_of_floor": None, "tflops": 1.0, "gbps": 1.0, "device_name": "NVIDIA H200", "interpreter": False,
+        "phase": None,
     }
     r.update(over)
     return r
 
 
-def test_best_configs_picks_the_fastest_ok_triton_config_per_M():
+def test_best_configs_picks_the_fastest_ok_triton_classic_config_per_M():
     a, b, c = tile(16), tile(32), tile(64)
     rows = [
         row(1, a, 50.0), row(1, b, 40.0), row(1, c, 45.0),
@@ -216,34 +232,69 @@ def test_best_configs_picks_the_fastest_ok_triton_config_per_M():
     ]
     df = pd.DataFrame(rows)
     tables = best_configs(df)
-    assert set(tables) == {(8, 14336, "bf16", "NVIDIA H200"), (8, 14336, "fp8-tensor", "NVIDIA H200")}
-    ok = df[(df["status"] == "ok") & (df["path"] == "triton")]
+    assert set(tables) == {TABLE, (8, 14336, "fp8-tensor", "NVIDIA H200")}
+    ok = df[(df["status"] == "ok") & (df["path"] == "triton-classic")]
     for (_, _, dtype, _), table in tables.items():
         for M in table:
             at = ok[(ok["dtype"] == dtype) & (ok["M"] == M)]
             fastest = at.loc[at["time_us"].idxmin(), "config"]
-            assert table[M].to_vllm_dict() == fastest
-    assert list(tables[(8, 14336, "bf16", "NVIDIA H200")]) == [1, 256]
+            assert table[M] == TileConfig.from_dict(fastest)
+    assert list(tables[TABLE]) == [1, 256]
     assert best_configs(df[df["path"] == "torch"]) == {}
 
 
-def test_best_configs_exports_only_configs_the_engines_can_run():
-    """A faster Swap-AB / split-K / stored-sum / tile-per-slot / own-GEMM2-width / GEMM2-walk / merged-GEMM1 /
-    x-quantizing / TMA / sum-into-the-output / GEMM2-split / GEMM2-columns-first row is moebench-only: the table
-    keeps the best portable one."""
+def test_engine_tables_come_from_triton_classic_rows_only():
+    """moebench's kernel (path triton) computes gate and up in one tile: a faster triton row, even one with
+    the engines' six fields only, says nothing about the engines' kernel. path="triton" picks from those rows."""
+    a, b = tile(16), tile(32)
+    df = pd.DataFrame([row(1, a, 50.0), row(1, b, 10.0, path="triton")])
+    assert best_configs(df)[TABLE][1] == a
+    assert best_configs(df, path="triton")[TABLE][1] == b
+    assert best_configs(df[df["path"] == "triton"]) == {}
+
+
+def test_engine_tables_see_a_config_as_the_six_fields_the_classic_path_reads():
+    """Rows of one engine config written two ways (the six keys only; every field, GEMM2's width spelled out
+    as GEMM1's) are one config: timed on both routings, it beats b, timed on both too."""
     from dataclasses import replace as dc_replace
 
-    a = tile(16)
-    rows = [row(1, a, 50.0)]
-    for variant in (dict(swap_ab=True), dict(split_k=4), dict(atomic_sum=False), dict(direct_route=True),
-                    dict(gemm2_block_n=256), dict(gemm2_n_tiles=2), dict(gemm1_merged=True),
-                    dict(direct_route=True, gemm1_quant_x=True), dict(gemm1_tma=True), dict(atomic_out=True),
-                    dict(gemm2_split_k=2), dict(gemm2_columns_first=True)):
-        r = row(1, None, 20.0)
-        r["config"] = dc_replace(a, BLOCK_SIZE_N=128, **variant).as_dict()
-        rows.append(r)
-    table = best_configs(pd.DataFrame(rows))[(8, 14336, "bf16", "NVIDIA H200")]
-    assert table[1] == a
+    a, b = tile(16), tile(32)
+    six = dict(a.to_vllm_dict())
+    spelled = dc_replace(a, gemm2_block_n=a.BLOCK_SIZE_N)
+    assert spelled.portable and spelled != a  # the precondition: two spellings of one engine config
+    rows = [row(1, None, 10.0, config=six), row(1, b, 11.0),
+            row(1, spelled, 10.0, routing="skewed"), row(1, b, 11.0, routing="skewed")]
+    assert best_configs(pd.DataFrame(rows))[TABLE][1] == a
+
+
+def test_moebench_tables_keep_every_field():
+    from dataclasses import replace as dc_replace
+
+    ran = dc_replace(tile(16), swap_ab=True, gemm2_block_n=128, tail_tiles=0, gemm1_tma=True)
+    assert best_configs(pd.DataFrame([row(1, ran, 5.0, path="triton")]), path="triton")[TABLE][1] == ran
+
+
+def test_final_phase_times_pick_where_an_M_has_them():
+    """A tune's screen timings rank candidates; the final re-timings of the kept few pick. At M=1 the screen
+    says a, the final says b; at M=2 only screen rows exist (a sweep-like M): they pick."""
+    a, b = tile(16), tile(32)
+    rows = [
+        row(1, a, 10.0, phase="screen"), row(1, b, 12.0, phase="screen"),
+        row(1, a, 30.0, phase="final"), row(1, b, 20.0, phase="final"),
+        row(2, a, 10.0, phase="screen"), row(2, b, 12.0, phase="screen"),
+        row(4, b, 5.0),  # a sweep row (no phase)
+    ]
+    table = best_configs(pd.DataFrame(rows))[TABLE]
+    assert (table[1], table[2], table[4]) == (b, a, b)
+    # final rows that failed their check do not count as "this M has final times": the screen picks again
+    rows[2] = row(1, a, 30.0, phase="final", status="incorrect", correct=False)
+    rows[3] = row(1, b, None, phase="final", status="error", failure="compile")
+    assert best_configs(pd.DataFrame(rows))[TABLE][1] == a
+
+
+def test_best_configs_has_a_key_for_every_tuned_M():
+    table = best_configs(pd.DataFrame([row(m, tile(16), 1.0 + m, phase="final") for m in VLLM_BATCH_SIZES]))[TABLE]
+    assert list(table) == VLLM_BATCH_SIZES and len(table) == 18
 
 
 def test_best_configs_refuses_interpreter_timings():
@@ -260,7 +311,7 @@ def test_best_configs_across_problems_compares_relative_times():
         row(64, a, 99.0), row(64, b, 100.0),
         row(64, a, 260.0, routing="skewed"), row(64, b, 200.0, routing="skewed"),
     ]
-    table = best_configs(pd.DataFrame(rows))[(8, 14336, "bf16", "NVIDIA H200")]
+    table = best_configs(pd.DataFrame(rows))[TABLE]
     score_a = (99.0 / 99.0 + 260.0 / 200.0) / 2
     score_b = (100.0 / 99.0 + 200.0 / 200.0) / 2
     assert score_b < score_a
@@ -271,43 +322,57 @@ def test_best_configs_across_problems_compares_relative_times():
 
 def some_tables() -> dict[tuple, ConfigTable]:
     return {
-        (8, 14336, "bf16", "NVIDIA H200"): sample_table(),
+        TABLE: sample_table(),
         (256, 256, "fp8-block128", "NVIDIA H200"): ConfigTable({1: tile(16), 64: tile(64)}),
     }
 
 
 def test_write_tables_vllm_layout_writes_loadable_files(tmp_path):
     tables = some_tables()
-    paths = write_tables(tables, tmp_path)
+    paths = write_tables(tables, tmp_path, tuned_triton="3.6.0")
     assert sorted(paths) == sorted(tmp_path / config_file_name(E, N, dev, dt) for (E, N, dt, dev) in tables)
     for (E, N, dtype, device), table in tables.items():
         path = tmp_path / config_file_name(E, N, device, dtype)
         assert ConfigTable.from_json(path) == table
+        assert json.loads(path.read_text())["triton_version"] == "3.6.0"
         assert engine_lookup(path.read_text(), 3) == table.nearest(3).to_vllm_dict()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)  # no temp files left
 
 
-def test_write_tables_sglang_layout_uses_a_triton_version_folder(tmp_path):
+def test_write_tables_sglang_layout_goes_under_configs_and_the_engines_triton(tmp_path):
+    """SGLang reads $SGLANG_MOE_CONFIG_DIR/configs/triton_<x_y_z>/<name>, and turns every key into an int:
+    its files carry no "triton_version" entry."""
     tables = some_tables()
-    paths = write_tables(tables, tmp_path, layout="sglang", triton_version="3.4.0")
+    paths = write_tables(tables, tmp_path, layout="sglang", tuned_triton="3.6.0", engine_triton="3.8.0")
     for (E, N, dtype, device), table in tables.items():
-        path = tmp_path / "triton_3_4_0" / config_file_name(E, N, device, dtype, layout="sglang")
+        path = tmp_path / "configs" / "triton_3_8_0" / config_file_name(E, N, device, dtype, layout="sglang")
         assert path in paths
         assert ConfigTable.from_json(path) == table
+        assert all(key.isdigit() for key in json.loads(path.read_text()))
     assert any("[128, 128]" in p.name for p in paths)
 
 
-def test_write_tables_sglang_default_is_the_installed_triton(tmp_path):
-    triton = pytest.importorskip("triton")
-    [path] = write_tables({(8, 14336, "bf16", "NVIDIA H200"): sample_table()}, tmp_path, layout="sglang")
-    assert path.parent == tmp_path / f"triton_{triton.__version__.replace('.', '_')}"
+def test_write_tables_sglang_default_folder_is_sglang_0_5_23s_triton(tmp_path):
+    [path] = write_tables({TABLE: sample_table()}, tmp_path, layout="sglang")
+    assert SGLANG_TRITON == "3.8.0"  # SGLang 0.5.23 runs Triton 3.8; triton.__version__ prints "3.8.0"
+    assert path.parent == tmp_path / "configs" / "triton_3_8_0"
+
+
+@pytest.mark.parametrize("version", [
+    "3.8",  # not what triton.__version__ prints: SGLang would never find triton_3_8
+    "3.8.0+git1234",  # SGLang's fallback reads folder names as integers and would fail on this one
+    "v3.8.0", "", "3.8.0.1",
+])
+def test_bad_engine_triton_is_a_user_error_before_writing(tmp_path, version):
+    with pytest.raises(UserError, match="X.Y.Z"):
+        write_tables({TABLE: sample_table()}, tmp_path / "out", layout="sglang", engine_triton=version)
+    assert not (tmp_path / "out").exists()
 
 
 def test_write_tables_replaces_an_existing_file(tmp_path):
-    key = (8, 14336, "bf16", "NVIDIA H200")
-    [path] = write_tables({key: sample_table()}, tmp_path)
+    [path] = write_tables({TABLE: sample_table()}, tmp_path)
     newer = ConfigTable({1: tile(64)})
-    assert write_tables({key: newer}, tmp_path) == [path]
+    assert write_tables({TABLE: newer}, tmp_path) == [path]
     assert ConfigTable.from_json(path) == newer
 
 
@@ -321,7 +386,7 @@ def test_write_tables_refuses_two_tables_for_one_file_before_writing(tmp_path):
         write_tables(tables, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     # SGLang tells them apart (per_channel_quant), so there both are written
-    assert len(write_tables(tables, tmp_path / "sg", layout="sglang", triton_version="3.4.0")) == 2
+    assert len(write_tables(tables, tmp_path / "sg", layout="sglang")) == 2
 
 
 def test_write_tables_unknown_layout(tmp_path):

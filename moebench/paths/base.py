@@ -82,4 +82,4 @@ def path_names() -> list[str]:
 
 def _load_builtin() -> None:
     # Explicit imports, in one place, instead of registration by import side effects elsewhere.
-    from moebench.paths import cutlass_path, torch_ref, triton_path  # noqa: F401
+    from moebench.paths import classic_path, cutlass_path, torch_ref, triton_path  # noqa: F401

@@ -1,0 +1,210 @@
+"""``moebench tune``: the command over ``moebench.tune.run.tune``; options in, a table of the chosen configs out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from moebench.errors import UserError
+
+FORMATS = ("table", "csv", "json")
+
+
+def _shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep):
+    """The one MoE shape a tune is for: a preset, a config.json, or explicit sizes; then sharded."""
+    from moebench.models import from_hf_config, get_model, shard
+    from moebench.spec import explicit_shape
+
+    explicit = [v is not None for v in (experts, hidden, intermediate)]
+    given = [model is not None, hf_config is not None, any(explicit)]
+    if sum(given) != 1:
+        raise UserError("tune one shape: give --model, --hf-config, or --experts with --hidden and --intermediate")
+    if any(explicit) and not all(explicit):
+        raise UserError("an explicit shape needs --experts, --hidden and --intermediate (and --topk)")
+    if model is not None:
+        shape = get_model(model)
+    elif hf_config is not None:
+        shape = from_hf_config(hf_config)
+    else:
+        shape = explicit_shape(experts, hidden, intermediate, topk or 2)
+    if topk is not None and topk != shape.topk:
+        from dataclasses import replace
+
+        shape = replace(shape, topk=topk, name=f"{shape.name}-top{topk}")
+    return shard(shape, tp=tp, ep=ep)
+
+
+def _ms(text: str | None) -> tuple[int, ...]:
+    from moebench.tune.run import VLLM_MS
+
+    if text is None:
+        return VLLM_MS
+    try:
+        ms = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
+    except ValueError:
+        raise UserError(f"--m {text!r}: expected token counts, e.g. 1,16,128") from None
+    if not ms or ms[0] < 1:
+        raise UserError(f"--m {text!r}: token counts must be positive")
+    return ms
+
+
+def _options(pairs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    out = []
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        try:
+            out.append((name.strip(), int(value)))
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise UserError(f"--option {pair!r}: expected NAME=INTEGER, e.g. top=16")
+    return tuple(out)
+
+
+def summary_rows(result) -> list[dict]:
+    """One row per M: the chosen config, its time and the default's (timed back to back), the gain, and the
+    other run's choice where --check-against gave one."""
+    rows = []
+    for M in sorted(result.best):
+        b, d = result.best[M], result.default.get(M)
+        ours, theirs = result.check.get(M, (None, None))
+        rows.append({
+            "M": M, "config": b.config.label if b else None, "time_us": b.time_us if b else None,
+            "default": d.config.label if d else None, "default_us": d.time_us if d else None,
+            "gain": d.time_us / b.time_us if b and d and b.time_us and d.time_us else None,
+            "check_config": theirs.config.label if theirs else None,
+            "vs_check": ours.time_us / theirs.time_us if ours and theirs and ours.time_us and theirs.time_us else None,
+        })
+    return rows
+
+
+@click.command()
+@click.option("--model", default=None, help="A preset (see `moebench models`).")
+@click.option("--hf-config", type=click.Path(path_type=Path), default=None, help="A Hugging Face config.json.")
+@click.option("--experts", type=int, default=None, help="Explicit shape: routed experts.")
+@click.option("--hidden", type=int, default=None, help="Explicit shape: hidden size.")
+@click.option("--intermediate", type=int, default=None, help="Explicit shape: per-expert intermediate size.")
+@click.option("--topk", type=int, default=None, help="Top-k. [default: the model's]")
+@click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree: divides the intermediate size.")
+@click.option("--ep", default=1, show_default=True, help="Expert-parallel degree: divides the experts.")
+@click.option("--dtype", default=None, help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128. "
+                                            "[default: bf16; without a GPU fp16]")
+@click.option("--path", "path_name", default="triton-classic", show_default=True,
+              type=click.Choice(["triton-classic", "triton"]),
+              help="The kernel: triton-classic (the engines' form; its tables are what export-configs writes for "
+                   "vLLM and SGLang) or triton (moebench's own).")
+@click.option("--m", "ms", default=None,
+              help="Token counts, comma list. [default: vLLM's 18: 1,2,4,...,3072,4096]")
+@click.option("--strategy", default="fast", show_default=True, type=click.Choice(["fast", "exhaustive"]),
+              help="fast: cost-model seeds, a local search, the best few re-timed; exhaustive: every pruned config.")
+@click.option("--option", "options", multiple=True, metavar="NAME=N",
+              help="A strategy option, repeatable (fast: top, lead, climbs, final; exhaustive: final, limit).")
+@click.option("--no-prune", is_flag=True, help="Keep configs the pruning rules would drop (only unrunnable ones go).")
+@click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
+@click.option("--ray", "ray_address", default=None, is_flag=False, flag_value="auto", metavar="[ADDRESS]",
+              help="Run the workers on a Ray cluster (ADDRESS; alone: Ray's default). Needs moebench[ray].")
+@click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
+              help="Processes that compile and first-run configs. [default: cores - 1, at most 12]")
+@click.option("--check-against", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Another tune's run folder (e.g. an exhaustive one): its choices re-timed beside this run's.")
+@click.option("--seed", default=0, show_default=True, help="Input seed.")
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+              help="Where the run folder is created.")
+@click.option("--fresh", is_flag=True, help="A new run folder even where a stopped tune of the same request resumes.")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
+def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, path_name, ms, strategy, options,
+         no_prune, gpus, ray_address, compile_jobs, check_against, seed, out_dir, fmt, progress, fresh):
+    """Tune the tile configs of one kernel for one shape and dtype over many M: a run folder with a row per
+    measurement (failures included, typed) and best.json, the chosen config per M beside the untuned default.
+
+    The same command after an interruption (Ctrl-C, SIGTERM, a kill) continues in the same folder. Export
+    the tables with `moebench export-configs RUN`.
+    """
+    import json
+    import time
+
+    from moebench._interpret import interpreting
+    from moebench.cli import _console, _emit, _err_console, _note
+    from moebench.results import ensure_out_dir
+    from moebench.tune.run import TuneRequest
+    from moebench.tune.run import tune as run_tune
+
+    shape = _shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep)
+    interpreter = interpreting()
+    request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name, _ms(ms), strategy,
+                          _options(options), seed=seed, prune=not no_prune)
+    ensure_out_dir(out_dir)
+    if interpreter:
+        _note("No CUDA GPU: tuning on the Triton interpreter checks the search runs; its times are not GPU "
+              "performance.", "yellow")
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
+                   console=_err_console(), disable=not progress)
+    state = {"failures": {}, "first_error": {}, "best": {}, "task": None}
+    started = time.monotonic()
+
+    def on_progress(what: str, done: int, total: int) -> None:
+        if state["task"] is None or bar.tasks[state["task"]].description != what:
+            state["task"] = bar.add_task(what, total=total, status="")
+        bar.update(state["task"], completed=done, total=total, status=_status())
+
+    def on_result(t) -> None:
+        if not t.ok:
+            state["failures"][t.failure] = state["failures"].get(t.failure, 0) + 1
+            state["first_error"].setdefault(t.failure, f"{t.config.label} at M={t.M}: {t.error}")
+        elif t.time_us is not None and t.time_us < state["best"].get(t.M, float("inf")):
+            state["best"][t.M] = t.time_us
+
+    def _status() -> str:
+        best = state["best"]
+        done = f"{len(best)}/{len(request.ms)} M timed"
+        last = max(best) if best else None
+        failed = sum(state["failures"].values())
+        return f"{done}, {failed} failed" + (f", best at M={last}: {best[last]:.1f} us" if last else "")
+
+    with bar:
+        result = run_tune(request, out_dir, gpus=gpus, ray=True if ray_address == "auto" else ray_address,
+                          compile_jobs=compile_jobs, fresh=fresh, check_against=check_against,
+                          on_progress=on_progress, on_result=on_result)
+    for failure, n in sorted(state["failures"].items()):
+        _note(f"{n} config{'s' if n > 1 else ''} failed ({failure}); the first: {state['first_error'][failure]}")
+    if result.resumed:
+        _note(f"resumed {result.run_dir}: {result.resumed['rows_kept']} rows kept "
+              f"(previous status: {result.resumed['previous_status']})")
+    rows = summary_rows(result)
+    if fmt == "json":
+        click.echo(json.dumps({"run": str(result.run_dir), "rows": rows}, indent=2))
+    elif fmt == "csv":
+        import pandas as pd
+
+        _emit(pd.DataFrame(rows).to_csv(index=False))
+    else:
+        from rich.table import Table
+
+        table = Table(title=f"tuned {request.path}: {shape.name} {request.dtype}")
+        for col in ("M", "config", "us", "default", "default us", "gain", *(("vs check",) if result.check else ())):
+            table.add_column(col, justify="left" if "config" in col or col == "default" else "right")
+        for r in rows:
+            cells = [str(r["M"]), r["config"] or "-", _num(r["time_us"]), r["default"] or "-",
+                     _num(r["default_us"]), _num(r["gain"], "{:.2f}x")]
+            if result.check:
+                cells.append(_num(r["vs_check"], "{:.3f}x"))
+            table.add_row(*cells)
+        _console().print(table)
+    _note(f"run folder: {result.run_dir} ({time.monotonic() - started:.0f} s); "
+          f"export: moebench export-configs {result.run_dir}")
+
+
+def _num(v, fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)

@@ -1,0 +1,47 @@
+"""The engines' kernel form (vLLM's and SGLang's fused-MoE Triton kernel, written here) as a path.
+
+Tables exported for an engine are tuned on this path: its tile config means what an engine's config file
+means (``kernels/classic.py``), where moebench's own form (the "triton" path) tiles GEMM1 differently.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moebench.kernels.classic import check_config, classic_moe, default_config
+from moebench.paths.base import Target, register
+from moebench.problem import MoEInputs, Problem
+from moebench.tile import TileConfig
+
+
+class ClassicPath:
+    name = "triton-classic"
+    baseline = False
+    tunable = True
+    graph_safe = True
+
+    def supports(self, problem: Problem, target: Target) -> str | None:
+        if problem.dtype == "bf16" and target.interpreter:
+            return "the Triton interpreter computes bf16 tl.dot wrongly; use fp16 or fp32 on the CPU"
+        if target.device.type != "cuda" and not target.interpreter:
+            return "Triton kernels need a CUDA GPU or the interpreter (TRITON_INTERPRET=1)"
+        if problem.spec.is_fp8 and target.capability is not None and target.capability < (8, 9):
+            return "fp8 tensor cores need sm89 or newer"
+        return None
+
+    def default_config(self, problem: Problem) -> TileConfig:
+        return default_config(problem.M, problem.shape.experts, problem.spec.fp8_scheme)
+
+    def prepare(self, inputs: MoEInputs, problem: Problem, config: TileConfig | None):
+        cfg = config or self.default_config(problem)
+        w = inputs.weights
+        check_config(cfg, w.fp8_scheme)  # refused here, once, not at the first launch
+
+        def run(out: torch.Tensor) -> None:
+            classic_moe(inputs.x, w.w13, w.w2, inputs.topk_weights, inputs.topk_ids, cfg, out=out,
+                        fp8_scheme=w.fp8_scheme, w13_scale=w.w13_scale, w2_scale=w.w2_scale, act_scale=w.act_scale)
+
+        return run
+
+
+register(ClassicPath())

@@ -1,0 +1,1 @@
+"""Tuning: the search space, its strategies, the worker pools that compile and run candidates, the run store."""

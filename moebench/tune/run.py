@@ -1,0 +1,236 @@
+"""A tune: one kernel, one shape and dtype, many M; a run folder with a row per measurement, and the best
+table.
+
+``tune`` checks the request, opens a run folder (or reopens the one an interrupted start of the same request
+left: ``results.find_resumable``), builds each M's pruned and ranked candidates, starts the worker pools and
+hands them to the strategy. Each measurement is a row as it arrives (failures too, typed); the chosen config
+of each M is then re-timed beside the path's untuned default ("default" rows) so the table's gain is
+measured in the same run, and the table is written into the folder.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from moebench.environment import describe
+from moebench.errors import UserError
+from moebench.hardware import DeviceLimits
+from moebench.models import MoEShape
+from moebench.paths import Target, get_path
+from moebench.problem import Problem
+from moebench.results import (
+    RunWriter,
+    find_resumable,
+    new_run_dir,
+    request_key,
+    stop_on_sigterm,
+    write_json_atomic,
+)
+from moebench.rows import Row
+from moebench.tile import TileConfig
+from moebench.tune.bench import Kept, PoolBench, Timed
+from moebench.tune.candidates import Candidates
+from moebench.tune.jobs import BUDGETS
+from moebench.tune.prune import RULES, Facts
+from moebench.tune.space import get_space
+from moebench.tune.strategies import DEFAULT, get_strategy
+
+# vLLM's tuner's batch sizes: the keys of the tables it ships.
+VLLM_MS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+BEST_FILE = "best.json"
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What a tune is asked to do; its ``key`` names it, so the same request resumes the same folder."""
+
+    shape: MoEShape
+    dtype: str
+    path: str = "triton-classic"
+    ms: tuple[int, ...] = VLLM_MS
+    strategy: str = DEFAULT
+    options: tuple[tuple[str, int], ...] = ()  # the strategy's options given, (name, value)
+    routing: str = "uniform"
+    seed: int = 0
+    prune: bool = True
+
+    @property
+    def key(self) -> str:
+        return request_key({**asdict(self), "shape": asdict(self.shape)})
+
+    def problem(self, M: int) -> Problem:
+        return Problem(self.shape, M, self.dtype, self.routing, self.seed)
+
+
+@dataclass
+class TuneResult:
+    run_dir: Path
+    best: dict[int, Timed | None]  # per M: the chosen config, re-timed beside the default
+    default: dict[int, Timed | None] = field(default_factory=dict)  # per M: the untuned config's
+    check: dict[int, tuple[Timed | None, Timed | None]] = field(default_factory=dict)  # per M: (ours, theirs)
+    resumed: dict | None = None
+
+
+def _options(request: TuneRequest):
+    module = get_strategy(request.strategy)
+    try:
+        return module.Options(**dict(request.options))
+    except TypeError:
+        known = ", ".join(module.Options.__dataclass_fields__)
+        raise UserError(f"strategy {request.strategy!r} takes options: {known}") from None
+
+
+def _row(request: TuneRequest, target: Target, t: Timed) -> dict:
+    status = "ok" if t.ok else ("incorrect" if t.failure == "incorrect" else "error")
+    row = Row.for_point(request.problem(t.M), request.path, target)
+    method = None if t.time_us is None else ("interpreter wall clock" if target.interpreter else "graph replay")
+    return replace(row, config=t.config.as_dict(), status=status, correct=None if t.rel_err is None and not t.ok
+                   else t.failure != "incorrect", rel_err=t.rel_err, time_us=t.time_us, time_p20_us=t.p20_us,
+                   time_p80_us=t.p80_us, reps=t.reps, timing_method=method, error=t.error, phase=t.phase,
+                   failure=t.failure).as_dict()
+
+
+def _timed(row: dict) -> Timed:
+    return Timed(TileConfig.from_dict(row["config"]), int(row["M"]), row.get("phase"), row.get("time_us"),
+                 row.get("time_p20_us"), row.get("time_p80_us"), row.get("reps"), row.get("rel_err"),
+                 row.get("failure"), row.get("error"))
+
+
+def _pools(target: Target, gpus: int | None, ray: str | bool | None, compile_jobs: int | None, weight_bytes: int):
+    """(compile pool, time pool): first runs on many processes per GPU, timings on one worker per GPU."""
+    from moebench.precompile import default_jobs, workers_for
+    from moebench.tune.workers import LocalPool, local_gpus, make_pool
+
+    time_pool = make_pool(gpus, ray)
+    if target.interpreter or ray not in (None, False):
+        return time_pool, time_pool  # the interpreter compiles nothing ahead; on Ray the cluster's workers do both
+    import torch
+
+    n_gpus = gpus or local_gpus()
+    jobs = default_jobs() if compile_jobs is None else compile_jobs
+    jobs = workers_for(jobs, weight_bytes, torch.cuda.mem_get_info()[0] * n_gpus) if jobs else 0
+    if jobs < 1:
+        return time_pool, time_pool
+    return LocalPool(jobs, devices=list(range(n_gpus))), time_pool
+
+
+def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: str | bool | None = None,
+         compile_jobs: int | None = None, fresh: bool = False, check_against: Path | None = None,
+         on_progress: Callable[[str, int, int], None] | None = None,
+         on_result: Callable[[Timed], None] | None = None) -> TuneResult:
+    """Run ``request`` (see the module docstring); the run folder and the chosen configs."""
+    target = Target.current()
+    path = get_path(request.path)
+    space = get_space(request.path)
+    if not request.ms or min(request.ms) < 1:
+        raise UserError("--m needs positive token counts")
+    options = _options(request)
+    other = _other_choices(check_against, request) if check_against else {}
+    problems = {M: request.problem(M) for M in sorted(set(request.ms))}
+    reason = path.supports(problems[min(problems)], target)
+    if reason:
+        raise UserError(f"path {request.path!r} cannot run {request.shape.name} {request.dtype} here: {reason}")
+    limits = DeviceLimits.current()
+    facts = {M: Facts.of(p, request.path, limits) for M, p in problems.items()}
+    cands = Candidates(space, facts, rules=RULES if request.prune else RULES[:1])
+    meta = describe(target.interpreter)
+    name = f"tune-{request.shape.name}-{request.dtype}".replace("@", "-")  # "@" is a poor file-name character
+    meta.update(sweep=name, tune=True, request=request.key,
+                tuning={"path": request.path, "model": request.shape.name, "dtype": request.dtype,
+                        "ms": list(problems), "strategy": request.strategy, "options": asdict(options),
+                        "prune": request.prune, "space": space.describe(), "space_size": space.size,
+                        "budgets": BUDGETS, "routing": request.routing, "seed": request.seed},
+                timing_method="interpreter wall clock" if target.interpreter else "graph replay")
+    resumable = None if fresh else find_resumable(out_base, request.key)
+    writer = (RunWriter(resumable, meta, resume=True) if resumable
+              else RunWriter(new_run_dir(out_base, meta["sweep"]), meta))
+    kept = Kept([_timed(r) for r in writer.kept if r.get("path") == request.path and r.get("config")])
+    started, stopped = time.monotonic(), None
+    result = TuneResult(writer.run_dir, {}, resumed=writer.resumed)
+
+    def record(t: Timed) -> None:
+        writer.append(_row(request, target, t))
+        if on_result:
+            on_result(t)
+
+    weight_bytes = 3 * request.shape.experts * request.shape.hidden * request.shape.intermediate * \
+        problems[min(problems)].spec.weight_bytes
+    pools = ()
+    try:
+        with stop_on_sigterm():
+            pools = _pools(target, gpus, ray, compile_jobs, weight_bytes)
+            bench = PoolBench(request.path, problems, pools[0], pools[1], record, kept, on_progress)
+            chosen = get_strategy(request.strategy).search(cands, bench, options)
+            result.best, result.default = _against_default(bench, path, problems, chosen)
+            result.check = _against_other(bench, chosen, other)
+            _write_best(writer.run_dir, request, result)
+    except BaseException as e:
+        stopped = e
+        raise
+    finally:
+        for pool in {id(p): p for p in pools}.values():
+            pool.close()
+        writer.end(stopped, wall_s=round(time.monotonic() - started, 1),
+                   pruned={str(M): d for M, d in cands.dropped.items()})
+    return result
+
+
+def _against_default(bench: PoolBench, path, problems, chosen) -> tuple[dict, dict]:
+    """Each M's chosen config and the path's default, timed back to back at the final budget."""
+    defaults = {M: path.default_config(p) for M, p in problems.items()}
+    bench.compile(list(defaults.values()))
+    timed = bench.time({M: [c for c in (chosen.get(M), defaults[M]) if c is not None] for M in problems}, "default")
+    best, default = {}, {}
+    for M, ts in timed.items():
+        by_key = {t.config.key(): t for t in ts}
+        best[M] = by_key.get(chosen[M].key()) if chosen.get(M) else None
+        default[M] = by_key.get(defaults[M].key())
+    return best, default
+
+
+def _other_choices(run_dir: Path, request: TuneRequest) -> dict[int, TileConfig]:
+    """The configs another tune of the same kernel, shape and dtype chose (its ``best.json``), by M."""
+    import json
+
+    file = Path(run_dir) / BEST_FILE
+    try:
+        best = json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"--check-against {run_dir}: no readable {BEST_FILE} ({e})") from None
+    theirs = (best.get("kernel"), best.get("shape", {}).get("name"), best.get("dtype"))
+    ours = (request.path, request.shape.name, request.dtype)
+    if theirs != ours:
+        raise UserError(f"--check-against {run_dir}: it tuned {' '.join(map(str, theirs))}, this {' '.join(ours)}")
+    return {int(M): TileConfig.from_dict(v["config"]) for M, v in best["configs"].items() if v.get("config")}
+
+
+def _against_other(bench: PoolBench, chosen: dict, other: dict) -> dict:
+    """At each M both runs tuned: this run's choice and the other's, compiled and timed back to back."""
+    common = {M: (chosen[M], other[M]) for M in bench.ms if M in other and chosen.get(M)}
+    if not common:
+        return {}
+    bench.compile([c for pair in common.values() for c in pair])
+    timed = bench.time({M: list({c.key(): c for c in pair}.values()) for M, pair in common.items()}, "check")
+    out = {}
+    for M, (ours, theirs) in common.items():
+        by_key = {t.config.key(): t for t in timed.get(M, [])}
+        out[M] = (by_key.get(ours.key()), by_key.get(theirs.key()))
+    return out
+
+
+def _write_best(run_dir: Path, request: TuneRequest, result: TuneResult) -> None:
+    """The chosen config per M, its time and the default's, as ``best.json`` in the run folder."""
+    table = {}
+    for M, t in sorted(result.best.items()):
+        d = result.default.get(M)
+        table[str(M)] = {"config": t.config.as_dict() if t else None, "time_us": t.time_us if t else None,
+                         "default": d.config.as_dict() if d else None,
+                         "default_us": d.time_us if d else None}
+    check = {str(M): {"config_us": o.time_us if o else None, "other": t.config.as_dict() if t else None,
+                      "other_us": t.time_us if t else None} for M, (o, t) in sorted(result.check.items())}
+    write_json_atomic(run_dir / BEST_FILE, {"kernel": request.path, "model": request.shape.name,
+                                            "shape": asdict(request.shape), "dtype": request.dtype,
+                                            "configs": table, "check": check})

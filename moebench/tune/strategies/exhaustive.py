@@ -1,0 +1,33 @@
+"""Exhaustive search: every config the pruning rules keep, screened at every M, the best few re-timed.
+
+The reference the fast strategy is checked against: it compiles the union of the pruned spaces and times
+each config at each M where the rules keep it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moebench.tune.bench import Bench
+from moebench.tune.candidates import Candidates
+
+
+@dataclass(frozen=True)
+class Options:
+    final: int = 4  # configs per M re-timed at the final budget, best screen times first
+    limit: int = 0  # at most this many configs per M, the model's first (0: all); for small checks
+
+
+def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
+    per_m = {M: cands.ranked(M)[:opts.limit or None] for M in bench.ms}
+    bench.compile([c for cs in per_m.values() for c in cs])
+    screens = bench.time(per_m, "screen")
+    finals = bench.time({M: [t.config for t in _best(ts, opts.final)] for M, ts in screens.items()}, "final")
+    from moebench.tune.strategies import fastest
+
+    return {M: (best.config if (best := fastest(ts)) else None) for M, ts in finals.items()}
+
+
+def _best(timed, n: int):
+    ok = sorted((t for t in timed if t.ok and t.time_us is not None), key=lambda t: t.time_us)
+    return ok[:n]

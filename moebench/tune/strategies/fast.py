@@ -1,0 +1,77 @@
+"""The default strategy: the cost model's first few per M, screened at every M, a local search from the
+leaders, then the best few re-timed.
+
+1. Seed: the union over M of each M's first configs by the cost model, overall and per tile shape
+   (``_seeds``). Compiling is what a tune spends
+   its time on, and a config compiled once runs at every M (token counts are not specialized), so every
+   seed is screened at every M where the pruning rules keep it.
+2. Climb: from each M's ``lead`` fastest, the configs one step away (``Candidates.steps``) not yet timed
+   there are compiled and screened; repeated ``climbs`` times for the M whose leaders changed. This
+   corrects the model where it ranks a good config low.
+3. Final: each M's ``final`` fastest screens are re-timed at the final budget; the fastest is chosen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moebench.tune.bench import Bench
+from moebench.tune.candidates import Candidates
+
+
+@dataclass(frozen=True)
+class Options:
+    per_shape: int = 2  # per M and tile shape (BLOCK_SIZE_M x BLOCK_SIZE_N), the model's first configs
+    top: int = 4  # per M, the model's first configs overall
+    lead: int = 4  # per M, the fastest configs the climb steps from
+    climbs: int = 5  # climb steps at most
+    final: int = 4  # configs per M re-timed at the final budget
+
+
+def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
+    from moebench.tune.strategies import fastest
+
+    seed = list({c.key(): c for M in bench.ms for c in _seeds(cands.ranked(M), opts)}.values())
+    failed = bench.compile(seed)
+    timed: dict[int, dict[tuple, object]] = {M: {} for M in bench.ms}  # M -> config key -> its screen
+
+    def screen(work):
+        for M, ts in bench.time(work, "screen").items():
+            timed[M].update((t.config.key(), t) for t in ts)
+
+    screen({M: [c for c in seed if c.key() not in failed and cands.allowed(M, c)] for M in bench.ms})
+    leaders = {M: _leaders(timed[M], opts.lead) for M in bench.ms}
+    moved = set(bench.ms)  # the M whose leaders changed at the last step: only they climb on
+    for _ in range(opts.climbs):
+        work = {}
+        for M in moved:
+            near = {s.key(): s for t in leaders[M] for s in cands.steps(t.config)}
+            fresh = [c for k, c in near.items() if k not in timed[M] and k not in failed and cands.allowed(M, c)]
+            if fresh:
+                work[M] = fresh
+        if not work:
+            break
+        failed = {**failed, **bench.compile([c for cs in work.values() for c in cs])}
+        screen({M: [c for c in cs if c.key() not in failed] for M, cs in work.items()})
+        new = {M: _leaders(timed[M], opts.lead) for M in bench.ms}
+        moved = {M for M in bench.ms if [t.config.key() for t in new[M]] != [t.config.key() for t in leaders[M]]}
+        leaders = new
+    finals = bench.time({M: [t.config for t in _leaders(timed[M], opts.final)] for M in bench.ms}, "final")
+    return {M: (best.config if (best := fastest(ts)) else None) for M, ts in finals.items()}
+
+
+def _seeds(ranked: list, opts: Options) -> list:
+    """The model's first ``top`` configs, and its first ``per_shape`` of each tile shape: the model ranks
+    configs of one shape better than it ranks shapes, so every shape the rules keep is tried."""
+    seeds, per = list(ranked[:opts.top]), {}
+    for c in ranked:
+        shape = (c.BLOCK_SIZE_M, c.BLOCK_SIZE_N)
+        if per.get(shape, 0) < opts.per_shape:
+            per[shape] = per.get(shape, 0) + 1
+            seeds.append(c)
+    return seeds
+
+
+def _leaders(timed: dict, n: int) -> list:
+    ok = sorted((t for t in timed.values() if t.ok and t.time_us is not None), key=lambda t: t.time_us)
+    return ok[:n]
