@@ -38,8 +38,9 @@ def classify(e: BaseException) -> str:
     return "error"
 
 
-def _point(problem: Problem):
-    """(inputs, reference, out) for ``problem`` on this worker's device, built once per M."""
+def _point(problem: Problem, reference: bool = True):
+    """(inputs, reference, out) for ``problem`` on this worker's device, built once per M (without
+    ``reference``: the reference is None)."""
     import torch
 
     from moebench.paths import Target
@@ -54,27 +55,29 @@ def _point(problem: Problem):
             torch.cuda.empty_cache()
         _state["weights"] = make_weights(problem.shape, problem.dtype, problem.seed, device)
         _state["weights_of"] = weights_of
-    if problem not in _state["inputs"]:
+    key = (problem, reference)
+    if key not in _state["inputs"]:
         _state["inputs"].clear()  # one M at a time
         inputs = make_inputs(problem, device, _state["weights"])
-        ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids)
+        ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids) if reference else None
         out = torch.empty(problem.M, problem.shape.hidden, device=device, dtype=problem.spec.act)
-        _state["inputs"][problem] = (inputs, ref, out)
-    return _state["inputs"][problem]
+        _state["inputs"][key] = (inputs, ref, out)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the reference's float32 weights, back to the GPU
+    return _state["inputs"][key]
 
 
 def _check(path_name: str, problem: Problem, cfg: TileConfig):
-    """Prepare ``cfg`` and check it once: (run, out, None) or (None, None, Result of its failure)."""
+    """Prepare ``cfg`` and check it once: (run, out, rel_err) or (None, None, Result of its failure)."""
+    from moebench.errors import UserError, one_line
     from moebench.paths import get_path
     from moebench.runner import check_run
 
-    inputs, ref, out = _point(problem)
     try:
+        inputs, ref, out = _point(problem)
         run = get_path(path_name).prepare(inputs, problem, cfg)
         chk = check_run(run, problem, inputs, ref, out)
     except Exception as e:  # GPU-side failures become results; the worker goes on
-        from moebench.errors import UserError, one_line
-
         return None, None, (None, None, None, None, None, "error" if isinstance(e, UserError) else classify(e),
                             one_line(e))
     if not chk.correct:
@@ -84,11 +87,23 @@ def _check(path_name: str, problem: Problem, cfg: TileConfig):
 
 
 def first_run(path_name: str, problem: Problem, cfg: TileConfig) -> Result:
-    """Compile ``cfg``'s kernels by running them once, and check the output: no time, or its failure."""
-    run, _, checked = _check(path_name, problem, cfg)
-    if run is None:
-        return checked
-    return (None, None, None, None, checked, None, None)
+    """Compile ``cfg``'s kernels by running them once: no time, or its failure. No reference is built here
+    (a float32 copy of the weights per compile worker would not fit many workers on one GPU); the timing
+    worker checks each config before it times it."""
+    import torch
+
+    from moebench.errors import UserError, one_line
+    from moebench.paths import Target, get_path
+
+    try:
+        inputs = _point(problem, reference=False)[0]
+        out = torch.empty(problem.M, problem.shape.hidden, device=inputs.x.device, dtype=problem.spec.act)
+        get_path(path_name).prepare(inputs, problem, cfg)(out)
+        if Target.current().device.type == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:
+        return (None, None, None, None, None, "error" if isinstance(e, UserError) else classify(e), one_line(e))
+    return (None,) * 7
 
 
 def time_configs(path_name: str, problem: Problem, configs: Sequence[TileConfig], phase: str) -> list[Result]:

@@ -111,7 +111,8 @@ def _pools(target: Target, gpus: int | None, ray: str | bool | None, compile_job
 
     n_gpus = gpus or local_gpus()
     jobs = default_jobs() if compile_jobs is None else compile_jobs
-    jobs = workers_for(jobs, weight_bytes, torch.cuda.mem_get_info()[0] * n_gpus) if jobs else 0
+    # A worker builds its weights in the activation dtype before quantizing them: count that peak.
+    jobs = workers_for(jobs, 2 * weight_bytes, torch.cuda.mem_get_info()[0] * n_gpus) if jobs else 0
     if jobs < 1:
         return time_pool, time_pool
     return LocalPool(jobs, devices=list(range(n_gpus))), time_pool
@@ -157,7 +158,7 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
             on_result(t)
 
     weight_bytes = 3 * request.shape.experts * request.shape.hidden * request.shape.intermediate * \
-        problems[min(problems)].spec.weight_bytes
+        problems[min(problems)].spec.act_bytes
     pools = ()
     try:
         with stop_on_sigterm():
