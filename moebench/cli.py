@@ -107,7 +107,8 @@ def cli() -> None:
               help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128; comma list. "
                    "[default: bf16; without a GPU fp16]")
 @click.option("--path", "paths", default=None,
-              help="triton, cutlass, torch; comma list. [default: triton,cutlass; without a GPU triton,torch]")
+              help="triton, triton-classic, cutlass, torch; comma list. "
+                   "[default: triton,cutlass; without a GPU triton,torch]")
 @click.option("--routing", default=None, type=click.Choice(["uniform", "skewed"]),
               help="Expert load. [default: uniform]")
 @click.option("--seed", default=None, type=int, help="Input seed. [default: 0]")

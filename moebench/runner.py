@@ -93,13 +93,17 @@ class PlannedPoint:
 def _tiles(path: MoEPath, problem: Problem, reason: str | None, tune: bool,
            pinned: Pinned | None) -> tuple[TileConfig | None, ...]:
     """The tile configs a point is run with: the one ``pinned`` names for its (model, dtype, M), else the
-    candidates when tuning a tunable path, else its default (one row, too, for a point the path cannot run)."""
+    candidates when tuning a tunable path (for the engines' form, those it can run: moebench-only fields off),
+    else its default (one row, too, for a point the path cannot run)."""
     if not path.tunable or reason:
         return (None,)
     key = (problem.shape.name, problem.dtype, problem.M)
     if pinned and key in pinned:
         return (pinned[key],)
-    return tuple(candidates(problem)) if tune else (path.default_config(problem),)
+    if not tune:
+        return (path.default_config(problem),)
+    tiles = candidates(problem)
+    return tuple(c for c in tiles if c.portable) if path.name == "triton-classic" else tuple(tiles)
 
 
 @dataclass(frozen=True)

@@ -151,21 +151,23 @@ def test_bad_yaml_spec(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("layout, folder", [("vllm", ""), ("sglang", "triton_3_6_0")])
-def test_export_configs_from_the_committed_h200_run(tmp_path, layout, folder):
-    """A GPU run exports one loadable table per (E, N, dtype); SGLang's folder names the run's Triton."""
-    from moebench.configs import ConfigTable
+def test_export_configs_from_the_committed_h200_run(tmp_path):
+    """The committed H200 sweep timed moebench's kernel (path triton) only: the engine layouts refuse it and say
+    how to get their rows; --layout moebench writes one loadable table per (E, N, dtype) and the sidecar."""
+    from moebench.tables import load_table
 
-    proc = moebench("export-configs", str(GPU_RUN), "--out", str(tmp_path),
-                    "--layout", layout)
+    proc = moebench("export-configs", str(GPU_RUN), "--out", str(tmp_path / "vllm"))
+    assert proc.returncode == 2 and "moebench tune --path triton-classic" in proc.stderr
+    assert not (tmp_path / "vllm").exists()
+    proc = moebench("export-configs", str(GPU_RUN), "--out", str(tmp_path), "--layout", "moebench")
     assert proc.returncode == 0, proc.stderr
-    written = [Path(p) for p in proc.stdout.split()]
-    assert {p.name for p in written} == {"E=8,N=14336,device_name=NVIDIA_H200.json",
-                                        "E=256,N=2048,device_name=NVIDIA_H200.json"}
-    for p in written:
-        assert p.parent == tmp_path / folder if folder else p.parent == tmp_path
-        table = ConfigTable.from_json(p)
-        assert sorted(table) == [1, 16, 128, 1024, 4096]
+    *tables, sidecar = [Path(p) for p in proc.stdout.splitlines()]
+    assert sidecar == tmp_path / "moebench-export.json"
+    assert {p.name for p in tables} == {"moebench-tiles_E=8,N=14336,device_name=NVIDIA_H200,dtype=bf16.json",
+                                        "moebench-tiles_E=256,N=2048,device_name=NVIDIA_H200,dtype=bf16.json"}
+    for p in tables:
+        meta, table = load_table(p)
+        assert sorted(table) == [1, 16, 128, 1024, 4096] and meta.triton_version == "3.6.0"
 
 
 def _error_lines(stderr: str) -> list[str]:
