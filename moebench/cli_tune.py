@@ -136,9 +136,6 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name, _ms(ms), strategy,
                           _options(options), seed=seed, prune=not no_prune)
     ensure_out_dir(out_dir)
-    if interpreter:
-        _note("No CUDA GPU: tuning on the Triton interpreter checks the search runs; its times are not GPU "
-              "performance.", "yellow")
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -155,6 +152,9 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     started = time.monotonic()
 
     def on_progress(what: str, done: int, total: int) -> None:
+        if interpreter and state["task"] is None:  # said once the request is valid and the tune starts
+            _note("No CUDA GPU: tuning on the Triton interpreter checks the search runs; its times are not GPU "
+                  "performance.", "yellow")
         if state["task"] is None or bar.tasks[state["task"]].description != what:
             state["task"] = bar.add_task(what, total=total, status="")
         bar.update(state["task"], completed=done, total=total, status=_status())

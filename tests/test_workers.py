@@ -146,6 +146,9 @@ def test_make_pool_checks_its_flags(monkeypatch):
     monkeypatch.setattr(workers, "local_gpus", lambda: 2)
     with pytest.raises(UserError, match="this machine has 2 CUDA GPUs"):
         make_pool(gpus=3)
+    monkeypatch.setattr(workers, "local_gpus", lambda: 0)
+    with pytest.raises(UserError, match="no CUDA GPU"):
+        make_pool(gpus=2)
 
 
 def test_make_pool_defaults_to_one_worker_per_local_gpu(monkeypatch):

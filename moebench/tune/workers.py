@@ -367,7 +367,9 @@ def make_pool(gpus: int | None = None, ray_address: str | bool | None = None, *,
         raise UserError(f"--gpus {gpus}: at least 1")
     have = local_gpus()
     if have == 0:
-        return LocalPool(gpus or 1, None, env)  # the CPU: workers run the Triton interpreter
+        if gpus not in (None, 1):
+            raise UserError(f"--gpus {gpus}: this machine has no CUDA GPU (one worker runs the Triton interpreter)")
+        return LocalPool(1, None, env)  # the CPU: a worker runs the Triton interpreter
     if gpus is not None and gpus > have:
         raise UserError(f"--gpus {gpus}: this machine has {have} CUDA GPU{'s' if have > 1 else ''}")
     n = gpus or have
