@@ -180,6 +180,8 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     for failure, n in sorted(state["failures"].items()):
         _note(f"{n} config{'s' if n > 1 else ''} failed ({failure}); the first: {state['first_error'][failure]}")
     if result.resumed:
+        for w in result.resumed.get("warnings", []):  # a torn last row cut off
+            _note(w)
         _note(f"resumed {result.run_dir}: {result.resumed['rows_kept']} rows kept "
               f"(previous status: {result.resumed['previous_status']})")
     rows = summary_rows(result)

@@ -78,12 +78,14 @@ class Kept:
 
 
 class PoolBench(Bench):
-    """Measurements on worker pools: ``compile_pool`` for first runs, ``time_pool`` for timings."""
+    """Measurements on worker pools: ``compile_pool`` for first runs, ``time_pool`` for timings, by the
+    functions of the module ``jobs`` (``first_run``, ``time_configs``: see ``tune.jobs``)."""
 
     def __init__(self, path: str, problems: Mapping[int, Problem], compile_pool: Pool, time_pool: Pool,
                  on_result: Callable[[Timed], None], kept: Kept | None = None,
-                 on_progress: Callable[[str, int, int], None] | None = None):
+                 on_progress: Callable[[str, int, int], None] | None = None, jobs: str = "moebench.tune.jobs"):
         self.path, self.problems = path, dict(problems)
+        self.jobs = jobs  # the module whose first_run and time_configs the tasks call (tests swap in another)
         self.ms = tuple(sorted(self.problems))
         self.compile_pool, self.time_pool = compile_pool, time_pool
         self.on_result, self.kept = on_result, kept or Kept()
@@ -103,7 +105,7 @@ class PoolBench(Bench):
                 self.failed[cfg.key()] = kept
             else:
                 todo.append(cfg)
-        tasks = [Task("moebench.tune.jobs:first_run", (self.path, self.problems[m0], c), c.key(), COMPILE_TIMEOUT_S)
+        tasks = [Task(f"{self.jobs}:first_run", (self.path, self.problems[m0], c), c.key(), COMPILE_TIMEOUT_S)
                  for c in todo]
         by_key = {c.key(): c for c in todo}
         done = 0
@@ -138,7 +140,7 @@ class PoolBench(Bench):
         """Timing tasks of up to CHUNK configs; a chunk lost to a hang or a crash is run again a config per
         task, so only the config that caused it gets that failure."""
         def tasks(chunks):
-            return [Task("moebench.tune.jobs:time_configs", (self.path, self.problems[M], list(cs), phase),
+            return [Task(f"{self.jobs}:time_configs", (self.path, self.problems[M], list(cs), phase),
                          (M, tuple(cs)), 60.0 + TIME_TIMEOUT_S * len(cs)) for M, cs in chunks]
 
         chunks = [(M, cs[i:i + CHUNK]) for M, cs in work.items() for i in range(0, len(cs), CHUNK)]

@@ -22,6 +22,7 @@ from moebench.models import MoEShape
 from moebench.paths import Target, get_path
 from moebench.problem import Problem
 from moebench.results import (
+    Interrupted,
     RunWriter,
     find_resumable,
     new_run_dir,
@@ -170,6 +171,11 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
             _write_best(writer.run_dir, request, result)
     except BaseException as e:
         stopped = e
+        if isinstance(e, Interrupted):  # SIGTERM: the one line cli.main gives names the folder to resume
+            e.run_dir = writer.run_dir
+            raise
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C: Python's own KeyboardInterrupt
+            raise Interrupted("SIGINT", writer.run_dir) from e
         raise
     finally:
         for pool in {id(p): p for p in pools}.values():
@@ -183,7 +189,8 @@ def _against_default(bench: PoolBench, path, problems, chosen) -> tuple[dict, di
     """Each M's chosen config and the path's default, timed back to back at the final budget."""
     defaults = {M: path.default_config(p) for M, p in problems.items()}
     bench.compile(list(defaults.values()))
-    timed = bench.time({M: [c for c in (chosen.get(M), defaults[M]) if c is not None] for M in problems}, "default")
+    pairs = {M: {c.key(): c for c in (chosen.get(M), defaults[M]) if c is not None} for M in problems}
+    timed = bench.time({M: list(pair.values()) for M, pair in pairs.items()}, "default")  # once where they agree
     best, default = {}, {}
     for M, ts in timed.items():
         by_key = {t.config.key(): t for t in ts}
