@@ -9,9 +9,9 @@ It estimates each of the two grouped GEMMs from the tile shape alone:
 - compute: padded rows x columns x K at the tensor cores' rate, lowered for tiles under the 64-row wgmma
   height, over the share of SMs the grid fills;
 - waves: programs past a full wave wait for one.
-The estimate is the larger of memory and compute time per GEMM, summed. It only ranks: strategies time
-what it puts first, and ``tests/test_tune_strategies.py`` measures, on recorded exhaustive timings, how
-often the best config is among its top few.
+The estimate is the larger of memory and compute time per GEMM, summed. It only orders configs, and
+coarsely: it ranks configs of one tile shape better than it ranks shapes, so the fast strategy seeds from
+every tile shape and lets measurements decide (``strategies/fast.py``).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ class ReplayBench(Bench):
         self.noise, self.rng = noise, random.Random(seed)
         self.compile_s, self.workers, self.screen_s, self.final_s = compile_s, workers, screen_s, final_s
         self.compiled: set[tuple] = set()
+        self.failed: set[tuple] = set()  # configs whose first run failed: never timed, as on the GPU
         self.measured: dict[str, int] = {"screen": 0, "final": 0}
 
     def compile(self, configs: Sequence[TileConfig]) -> dict[tuple, Timed]:
@@ -34,6 +35,7 @@ class ReplayBench(Bench):
             self.compiled.add(c.key())
             if any(self.times.get((M, c.key()), 0.0) is None for M in self.ms):
                 failed[c.key()] = Timed(c, self.ms[0], None, failure="compile", error="recorded as failed")
+                self.failed.add(c.key())
         return failed
 
     def time(self, work: Mapping[int, Sequence[TileConfig]], phase: str) -> dict[int, list[Timed]]:
@@ -43,6 +45,8 @@ class ReplayBench(Bench):
             for c in configs:
                 if c.key() not in self.compiled:
                     raise AssertionError(f"timed before it was compiled: {c.label}")
+                if c.key() in self.failed:
+                    continue
                 t = self.times.get((M, c.key()))
                 self.measured[phase] += 1
                 if t is None:

@@ -1,0 +1,142 @@
+"""The search strategies replayed on the recorded exhaustive H200 tunes (``ReplayBench``): exhaustive finds the
+recorded best at every M; the fast strategy, on noisy replayed times, chooses within 2% of it, times far fewer
+configs and costs under three minutes, never timing what it has not compiled or what the rules drop.
+
+The candidates are built as ``moebench tune`` builds them (``tune.run``); a recorded time is an exhaustive
+tune's screen time, and "the recorded best" at an M is the lowest of them.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from moebench.hardware import HOPPER
+from moebench.models import get_model, shard
+from moebench.problem import Problem
+from moebench.tile import TileConfig
+from moebench.tune.candidates import Candidates
+from moebench.tune.prune import Facts
+from moebench.tune.record import replay_times
+from moebench.tune.replay import ReplayBench
+from moebench.tune.space import get_space
+from moebench.tune.strategies import exhaustive, fast
+
+RECORDED = Path(__file__).parent.parent / "results" / "h200-tune-exhaustive-18d626e"
+RECORDINGS = {
+    "qwen3-30b-a3b-bf16": (lambda: get_model("qwen3-30b-a3b"), "bf16"),
+    "deepseek-v3-tp8-fp8-block128": (lambda: shard(get_model("deepseek-v3"), tp=8), "fp8-block128"),
+}
+SEEDS = range(5)  # noise seeds of the fast strategy's replays
+NOISE = 0.02  # lognormal sigma of a replayed screen time (the replay's default)
+WITHIN = 1.02  # the fast strategy's choice, against the recorded best
+BUDGET_S = 180.0  # what a fast tune of four M may cost on the GPU
+
+
+class Watched(ReplayBench):
+    """A replay that keeps each (M, config key, phase) it was asked to time, in order."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.timed: list[tuple[int, tuple, str]] = []
+
+    def time(self, work, phase):
+        self.timed += [(M, c.key(), phase) for M, cs in work.items() for c in cs]
+        return super().time(work, phase)
+
+
+@cache
+def recording(name: str):
+    """(recorded times, candidates, the recorded best time per M)."""
+    times = replay_times(RECORDED / f"{name}.csv")
+    ms = sorted({M for M, _ in times})
+    shape, dtype = RECORDINGS[name][0](), RECORDINGS[name][1]
+    cands = Candidates(get_space("triton-classic"),
+                       {M: Facts.of(Problem(shape, M, dtype), "triton-classic", HOPPER) for M in ms})
+    best = {M: min(t for (m, _), t in times.items() if m == M and t is not None) for M in ms}
+    return times, cands, best
+
+
+@cache
+def exhaustive_run(name: str):
+    times, cands, _ = recording(name)
+    bench = Watched(times, noise=0.0)
+    return bench, exhaustive.search(cands, bench)
+
+
+@cache
+def fast_runs(name: str):
+    times, cands, _ = recording(name)
+    runs = []
+    for seed in SEEDS:
+        bench = Watched(times, noise=NOISE, seed=seed)
+        runs.append((bench, fast.search(cands, bench)))
+    return runs
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_exhaustive_finds_the_recorded_best_at_every_m(name):
+    times, _, best = recording(name)
+    _, chosen = exhaustive_run(name)
+    assert set(chosen) == set(best)
+    for M, cfg in chosen.items():
+        assert cfg is not None and times[(M, cfg.key())] == best[M], f"M={M}: {cfg and cfg.label}"
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_fast_chooses_within_2_percent_of_the_recorded_best_at_every_m(name):
+    times, _, best = recording(name)
+    ratios = {}
+    for seed, (_, chosen) in zip(SEEDS, fast_runs(name)):
+        assert set(chosen) == set(best) and None not in chosen.values(), f"seed {seed}: an M has no choice"
+        ratios.update({(seed, M): times[(M, cfg.key())] / best[M] for M, cfg in chosen.items()})
+    seed, M = max(ratios, key=ratios.get)
+    assert ratios[(seed, M)] <= WITHIN, f"worst: {ratios[(seed, M)]:.4f}x the recorded best (seed {seed}, M={M})"
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_fast_costs_under_three_minutes_and_a_quarter_of_exhaustives_timings(name):
+    full, _ = exhaustive_run(name)
+    for seed, (bench, _) in zip(SEEDS, fast_runs(name)):
+        assert bench.seconds < BUDGET_S, f"seed {seed}: {bench.seconds:.0f} s"
+        timed = sum(bench.measured.values())
+        assert timed < sum(full.measured.values()) / 4, f"seed {seed}: {timed} timings, exhaustive {full.measured}"
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_fast_times_only_what_the_rules_keep_and_what_compiled(name):
+    times, cands, _ = recording(name)
+    kept = {M: {c.key() for c in cands.ranked(M)} for M in cands.ms}
+    for seed, (bench, _) in zip(SEEDS, fast_runs(name)):
+        assert bench.timed
+        for M, key, _phase in bench.timed:
+            label = TileConfig(*key).label
+            assert key in kept[M], f"seed {seed}, M={M}: {label} is dropped by the rules there"
+            assert times.get((M, key)) is not None, f"seed {seed}, M={M}: {label} failed to compile, was timed"
+        screened = [(M, key) for M, key, phase in bench.timed if phase == "screen"]
+        assert len(screened) == len(set(screened)), "a config screened twice at one M"
+        finals = {(M, key) for M, key, phase in bench.timed if phase == "final"}
+        assert finals <= set(screened), "a config re-timed at an M it was not screened at"
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
+def test_exhaustive_screens_each_config_the_rules_keep_at_each_m_once(name):
+    times, cands, _ = recording(name)
+    bench, _ = exhaustive_run(name)
+    screened = [(M, key) for M, key, phase in bench.timed if phase == "screen"]
+    assert len(screened) == len(set(screened))
+    kept = {(M, c.key()) for M in cands.ms for c in cands.ranked(M)}
+    ran = {(M, key) for M, key in kept if times.get((M, key)) is not None}  # those whose compile did not fail
+    assert ran <= set(screened) <= kept
+
+
+def test_the_replay_refuses_to_time_a_config_never_compiled():
+    times, cands, _ = recording("qwen3-30b-a3b-bf16")
+    bench = ReplayBench(times)
+    cfg = cands.ranked(1)[0]
+    with pytest.raises(AssertionError, match="before it was compiled"):
+        bench.time({1: [cfg]}, "screen")
+    bench.compile([cfg])
+    assert bench.time({1: [cfg]}, "screen")[1][0].ok
