@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from moebench import __version__
+from moebench.cli_tune import export_configs as export_configs_command
 from moebench.cli_tune import tune as tune_command
 from moebench.errors import UserError, os_error_line
 
@@ -261,35 +262,6 @@ def compare(base, new, fmt, threshold, fail_on_slower):
         sys.exit(1)
 
 
-@cli.command("export-configs")
-@click.argument("run", type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", default=Path("configs"), show_default=True, type=click.Path(path_type=Path),
-              help="Folder to write into, with moebench-export.json (provenance of each file).")
-@click.option("--layout", default="vllm", show_default=True, type=click.Choice(["vllm", "sglang", "moebench"]),
-              help="vllm: OUT/<name>.json; sglang: OUT/configs/triton_<x_y_z>/<name>.json (both from "
-                   "triton-classic rows); moebench: OUT/moebench-tiles_<...>.json, moebench's kernel, every field.")
-@click.option("--engine-triton", default=None, metavar="X.Y.Z",
-              help="sglang: the Triton release the SGLang server runs, which names its folder "
-                   "[default: 3.8.0, SGLang 0.5.23's Triton].")
-def export_configs(run, out_dir, layout, engine_triton):
-    """Write a run's best tile config per (shape, dtype, M) where vLLM, SGLang or moebench reads it.
-
-    The engines' files come from the engines' kernel form (path triton-classic; a tune's final re-timings
-    where an M has them). Prints each file written, then the line that points the engine at them.
-    """
-    from moebench.export import export_run
-
-    meta, df = _load_run_warned(run)
-    done = export_run(meta, df, out_dir, layout=layout, engine_triton=engine_triton,
-                      source_run=str(Path(run).resolve()))
-    for w in done.warnings:
-        _note(w)
-    for p in done.files:
-        click.echo(str(p))
-    if done.env_line:
-        click.echo(done.env_line)
-
-
 @cli.command()
 @click.option("--model", default="mixtral-8x7b", show_default=True, help="Preset whose shape is compiled.")
 @click.option("--dtype", default="bf16", show_default=True, help="Dtype name.")
@@ -413,6 +385,7 @@ def bounds(runs, path_name, fmt, out_dir, progress):
 
 
 cli.add_command(tune_command)
+cli.add_command(export_configs_command)
 
 
 def main() -> None:

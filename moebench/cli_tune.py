@@ -1,4 +1,5 @@
-"""``moebench tune``: the command over ``moebench.tune.run.tune``; options in, a table of the chosen configs out."""
+"""``moebench tune`` and ``moebench export-configs``: the commands over ``moebench.tune.run.tune`` (options in, a
+table of the chosen configs out) and ``moebench.export.export_run`` (a run's tables where the engines read them)."""
 
 from __future__ import annotations
 
@@ -210,3 +211,33 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
 
 def _num(v, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
+
+
+@click.command("export-configs")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", default=Path("configs"), show_default=True, type=click.Path(path_type=Path),
+              help="Folder to write into, with moebench-export.json (provenance of each file).")
+@click.option("--layout", default="vllm", show_default=True, type=click.Choice(["vllm", "sglang", "moebench"]),
+              help="vllm: OUT/<name>.json; sglang: OUT/configs/triton_<x_y_z>/<name>.json (both from "
+                   "triton-classic rows); moebench: OUT/moebench-tiles_<...>.json, moebench's kernel, every field.")
+@click.option("--engine-triton", default=None, metavar="X.Y.Z",
+              help="sglang: the Triton release the SGLang server runs, which names its folder "
+                   "[default: 3.8.0, SGLang 0.5.23's Triton].")
+def export_configs(run, out_dir, layout, engine_triton):
+    """Write a run's best tile config per (shape, dtype, M) where vLLM, SGLang or moebench reads it.
+
+    The engines' files come from the engines' kernel form (path triton-classic; a tune's final re-timings
+    where an M has them). Prints each file written, then the line that points the engine at them.
+    """
+    from moebench.cli import _load_run_warned, _note
+    from moebench.export import export_run
+
+    meta, df = _load_run_warned(run)
+    done = export_run(meta, df, out_dir, layout=layout, engine_triton=engine_triton,
+                      source_run=str(Path(run).resolve()))
+    for w in done.warnings:
+        _note(w)
+    for p in done.files:
+        click.echo(str(p))
+    if done.env_line:
+        click.echo(done.env_line)

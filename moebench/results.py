@@ -360,6 +360,17 @@ class Interrupted(KeyboardInterrupt):
         return 128 + signal.Signals[self.signal_name].value
 
 
+def stopped_in(e: BaseException, run_dir: Path) -> BaseException:
+    """What to raise for a run in ``run_dir`` that ``e`` stopped: Ctrl-C or SIGTERM as an ``Interrupted`` that
+    names the folder (the line ``cli.main`` prints tells how to resume it); any other exception as it is."""
+    if isinstance(e, Interrupted):
+        e.run_dir = run_dir
+        return e
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C: Python's own KeyboardInterrupt
+        return Interrupted("SIGINT", run_dir)
+    return e
+
+
 @contextmanager
 def stop_on_sigterm() -> Iterator[None]:
     """Within the block, SIGTERM raises ``Interrupted("SIGTERM")`` in the main thread; a repeat while the run

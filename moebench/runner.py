@@ -26,7 +26,7 @@ from moebench.paths.base import RunFn
 from moebench.paths.torch_ref import moe_reference
 from moebench.precompile import Precompiler
 from moebench.problem import MoEInputs, Problem, make_inputs, make_weights
-from moebench.results import Interrupted, RunWriter, find_resumable, new_run_dir, request_key, row_identity
+from moebench.results import RunWriter, find_resumable, new_run_dir, request_key, row_identity, stopped_in
 from moebench.roofline import Ceilings, floor, measure_ceilings
 from moebench.rows import Row
 from moebench.spec import SweepSpec
@@ -279,13 +279,10 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
             if target.device.type == "cuda":
                 torch.cuda.empty_cache()
     except BaseException as e:
-        stopped = e
-        if isinstance(e, Interrupted):
-            e.run_dir = writer.run_dir
+        stopped = stopped_in(e, writer.run_dir)
+        if stopped is e:
             raise
-        if isinstance(e, KeyboardInterrupt):  # Ctrl-C: Python's own KeyboardInterrupt
-            raise Interrupted("SIGINT", writer.run_dir) from e
-        raise
+        raise stopped from e
     finally:
         extra = {}
         if precompiler:

@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from helpers import declared_do_not_specialize
 
 from moebench import _interpret
 from moebench.kernels import align
@@ -244,20 +245,11 @@ def test_moe_align_rejects_bad_ids():
 _ALIGN_KERNELS = (align._count_kernel, align._scatter_kernel, align._align_one_program)
 
 
-def _declared_do_not_specialize(kernel) -> tuple:
-    """The do_not_specialize list a kernel was decorated with (JITFunction, or the interpreter's wrapper)."""
-    if hasattr(kernel, "do_not_specialize"):  # triton.runtime.jit.JITFunction (GPU)
-        return tuple(kernel.do_not_specialize)
-    if hasattr(kernel, "kwargs"):  # triton.runtime.interpreter.InterpretedFunction
-        return tuple(kernel.kwargs.get("do_not_specialize") or ())
-    pytest.skip(f"this triton's {type(kernel).__name__} does not expose do_not_specialize")
-
-
 @pytest.mark.parametrize("kernel", _ALIGN_KERNELS, ids=lambda k: k.fn.__name__)
 def test_align_kernels_do_not_specialize_token_count(kernel):
     """Every align kernel declares the token count do_not_specialize (and names only real parameters)."""
     params = list(inspect.signature(kernel.fn).parameters)
-    declared = _declared_do_not_specialize(kernel)
+    declared = declared_do_not_specialize(kernel)
     assert "num_slots" in params and "num_slots" in declared
     # Triton silently ignores a misspelled name, so check that each declared name is a parameter.
     assert all(name in params or isinstance(name, int) for name in declared)

@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import declared_do_not_specialize, garbage_from_empty
 
 from moebench._interpret import interpreting
 from moebench.errors import UserError
@@ -37,18 +38,6 @@ def _problem(e: int, h: int, i: int, k: int, m: int, dtype: str, seed: int = 3) 
     return Problem(MoEShape("test", e, h, i, k), m, dtype, seed=seed)
 
 
-def _garbage_from_empty(monkeypatch) -> None:
-    """Every tensor ``torch.empty`` makes starts as NaN bytes, so a cache row no launch wrote shows in the output."""
-    real_empty = torch.empty
-
-    def dirty_empty(*size, **kw):
-        t = real_empty(*size, **kw)
-        if t.numel():
-            t.view(-1).view(torch.uint8).fill_(0xFF)
-        return t
-    monkeypatch.setattr(torch, "empty", dirty_empty)
-
-
 # (experts, hidden, intermediate, topk, M, config)
 CASES = [
     (8, 128, 64, 2, 1, TileConfig(16, 32, 64, 1, 4, 2)),  # M = 1, T < BLOCK_M: each tile mostly padding
@@ -68,7 +57,7 @@ def test_classic_matches_reference(case, dtype, monkeypatch):
     if m == 40:  # the case's precondition: an expert's slots span several row tiles
         busiest = int(torch.bincount(inputs.topk_ids.reshape(-1).long(), minlength=e).max())
         assert busiest > config.BLOCK_SIZE_M, busiest
-    _garbage_from_empty(monkeypatch)
+    garbage_from_empty(monkeypatch)
     result = check_point(PATH, problem, inputs, config)
     assert result.correct, f"rel. error {result.rel_err}"
 
@@ -185,21 +174,12 @@ def test_path_is_registered_and_refuses_bf16_under_the_interpreter():
     assert PATH.supports(_problem(8, 128, 64, 2, 4, "fp16"), cpu) is None
 
 
-def _declared_do_not_specialize(kernel) -> tuple:
-    """The do_not_specialize list a kernel was decorated with (JITFunction, or the interpreter's wrapper)."""
-    if hasattr(kernel, "do_not_specialize"):  # triton.runtime.jit.JITFunction (GPU)
-        return tuple(kernel.do_not_specialize)
-    if hasattr(kernel, "kwargs"):  # triton.runtime.interpreter.InterpretedFunction
-        return tuple(kernel.kwargs.get("do_not_specialize") or ())
-    pytest.skip(f"this triton's {type(kernel).__name__} does not expose do_not_specialize")
-
-
 def test_grouped_gemm_does_not_specialize_token_counts():
     """The two arguments that change with M (T and the grid's row-tile bound) are do_not_specialize, and the
     declared names are real parameters (Triton ignores a misspelled one)."""
     kernel = classic._grouped_gemm
     params = list(inspect.signature(kernel.fn).parameters)
-    declared = _declared_do_not_specialize(kernel)
+    declared = declared_do_not_specialize(kernel)
     assert {"num_slots", "max_pid_m"} <= set(declared) <= set(params)
 
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import garbage_from_empty
 
 from moebench._interpret import interpreting
 from moebench.dtypes import DTYPES
@@ -41,19 +42,6 @@ CASES = [
 
 def _shape(e, h, i, k) -> MoEShape:
     return MoEShape("test", e, h, i, k)
-
-
-def _garbage_from_empty(monkeypatch) -> None:
-    """For the test: every tensor ``torch.empty`` makes starts as garbage (all bytes 0xFF: NaN floats, -1
-    integers), so a launch that reads what no launch wrote shows in the result."""
-    real_empty = torch.empty
-
-    def dirty_empty(*size, **kw):
-        t = real_empty(*size, **kw)
-        if t.numel():
-            t.view(-1).view(torch.uint8).fill_(0xFF)
-        return t
-    monkeypatch.setattr(torch, "empty", dirty_empty)
 
 
 @pytest.mark.parametrize("swap_ab", [False, True])
@@ -567,7 +555,7 @@ def test_layer_reads_no_memory_it_did_not_write(config, monkeypatch):
     integers) and the layer still matches the reference: no launch reads what no launch wrote."""
     from moebench.kernels import fused_moe as fm
 
-    _garbage_from_empty(monkeypatch)
+    garbage_from_empty(monkeypatch)
     problem = Problem(_shape(6, 96, 48, 2), 33, "fp32", seed=13)
     inp = make_inputs(problem, DEVICE, draw=1)
     w = inp.weights
@@ -614,7 +602,7 @@ def test_block128_x_quantization_zeroes_sums_too_large_for_gemm1(monkeypatch):
         raise AssertionError("the sums were zeroed by a launch of their own")
 
     monkeypatch.setattr(fm, "ZERO_IN_GEMM1_BYTES", 0)
-    _garbage_from_empty(monkeypatch)
+    garbage_from_empty(monkeypatch)
     monkeypatch.setattr(torch.Tensor, "zero_", no_zero_launch)
     problem = Problem(_shape(4, 320, 64, 2), 40, "fp8-block128", seed=5)
     inp = make_inputs(problem, DEVICE, draw=1)

@@ -33,7 +33,7 @@ def _cmd(out: Path, ms: str) -> list[str]:
 
 def _start(out: Path, ms: str) -> subprocess.Popen:
     return subprocess.Popen(_cmd(out, ms), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            process_group=0)
 
 
 def _run(out: Path, ms: str) -> subprocess.CompletedProcess:

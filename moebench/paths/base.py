@@ -59,6 +59,17 @@ class MoEPath(Protocol):
         """The untuned tile config (tunable paths only)."""
 
 
+def triton_supports(problem: Problem, target: Target) -> str | None:
+    """Why moebench's Triton kernels (either form) cannot run ``problem`` on ``target``, or None."""
+    if problem.dtype == "bf16" and target.interpreter:
+        return "the Triton interpreter computes bf16 tl.dot wrongly; use fp16 or fp32 on the CPU"
+    if target.device.type != "cuda" and not target.interpreter:
+        return "Triton kernels need a CUDA GPU or the interpreter (TRITON_INTERPRET=1)"
+    if problem.spec.is_fp8 and target.capability is not None and target.capability < (8, 9):
+        return "fp8 tensor cores need sm89 or newer"
+    return None
+
+
 _REGISTRY: dict[str, MoEPath] = {}
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from moebench.kernels.classic import check_config, classic_moe, default_config
-from moebench.paths.base import Target, register
+from moebench.paths.base import Target, register, triton_supports
 from moebench.problem import MoEInputs, Problem
 from moebench.tile import TileConfig
 
@@ -21,13 +21,7 @@ class ClassicPath:
     graph_safe = True
 
     def supports(self, problem: Problem, target: Target) -> str | None:
-        if problem.dtype == "bf16" and target.interpreter:
-            return "the Triton interpreter computes bf16 tl.dot wrongly; use fp16 or fp32 on the CPU"
-        if target.device.type != "cuda" and not target.interpreter:
-            return "Triton kernels need a CUDA GPU or the interpreter (TRITON_INTERPRET=1)"
-        if problem.spec.is_fp8 and target.capability is not None and target.capability < (8, 9):
-            return "fp8 tensor cores need sm89 or newer"
-        return None
+        return triton_supports(problem, target)
 
     def default_config(self, problem: Problem) -> TileConfig:
         return default_config(problem.M, problem.shape.experts, problem.spec.fp8_scheme)

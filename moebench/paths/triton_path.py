@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from moebench.kernels.fused_moe import DeviceFacts, LayerShapes, fused_moe, launch_plan
-from moebench.paths.base import Target, register
+from moebench.paths.base import Target, register, triton_supports
 from moebench.problem import MoEInputs, Problem
 from moebench.tile import TileConfig, default_config
 
@@ -17,13 +17,7 @@ class TritonPath:
     graph_safe = True
 
     def supports(self, problem: Problem, target: Target) -> str | None:
-        if problem.dtype == "bf16" and target.interpreter:
-            return "the Triton interpreter computes bf16 tl.dot wrongly; use fp16 or fp32 on the CPU"
-        if target.device.type != "cuda" and not target.interpreter:
-            return "Triton kernels need a CUDA GPU or the interpreter (TRITON_INTERPRET=1)"
-        if problem.spec.is_fp8 and target.capability is not None and target.capability < (8, 9):
-            return "fp8 tensor cores need sm89 or newer"
-        return None
+        return triton_supports(problem, target)
 
     def default_config(self, problem: Problem) -> TileConfig:
         s, spec = problem.shape, problem.spec

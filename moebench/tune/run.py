@@ -22,12 +22,12 @@ from moebench.models import MoEShape
 from moebench.paths import Target, get_path
 from moebench.problem import Problem
 from moebench.results import (
-    Interrupted,
     RunWriter,
     find_resumable,
     new_run_dir,
     request_key,
     stop_on_sigterm,
+    stopped_in,
     write_json_atomic,
 )
 from moebench.rows import Row
@@ -170,13 +170,10 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
             result.check = _against_other(bench, chosen, other)
             _write_best(writer.run_dir, request, result)
     except BaseException as e:
-        stopped = e
-        if isinstance(e, Interrupted):  # SIGTERM: the one line cli.main gives names the folder to resume
-            e.run_dir = writer.run_dir
+        stopped = stopped_in(e, writer.run_dir)
+        if stopped is e:
             raise
-        if isinstance(e, KeyboardInterrupt):  # Ctrl-C: Python's own KeyboardInterrupt
-            raise Interrupted("SIGINT", writer.run_dir) from e
-        raise
+        raise stopped from e
     finally:
         for pool in {id(p): p for p in pools}.values():
             pool.close()
