@@ -11,7 +11,7 @@ only what is missing. ``ReplayBench`` (``tune.replay``) answers from recorded ti
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from moebench.problem import Problem
@@ -45,6 +45,11 @@ class Timed:
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+
+def fastest(timed: Iterable[Timed], n: int = 1) -> list[Timed]:
+    """Up to ``n`` of ``timed`` that ran, fastest first."""
+    return sorted((t for t in timed if t.ok and t.time_us is not None), key=lambda t: t.time_us)[:n]
 
 
 class Bench:
@@ -118,7 +123,8 @@ class PoolBench(Bench):
             if not timed.ok:
                 self.failed[cfg.key()] = self._new(timed)
             self.on_progress("compile", done, len(tasks))
-        return {k: v for k, v in self.failed.items() if k in {c.key() for c in configs}}
+        asked = {c.key() for c in configs}
+        return {k: v for k, v in self.failed.items() if k in asked}
 
     def time(self, work: Mapping[int, Sequence[TileConfig]], phase: str) -> dict[int, list[Timed]]:
         answers: dict[tuple, Timed] = {}
@@ -151,11 +157,11 @@ class PoolBench(Bench):
             M, cs = outcome.key
             if outcome.failure is None:
                 out += [Timed.of(c, M, phase, r) for c, r in zip(cs, outcome.value)]
-            elif len(cs) == 1:
-                out.append(Timed(cs[0], M, phase, failure=outcome.failure, error=outcome.error))
-            else:
+            elif len(cs) > 1 and outcome.failure in ("hang", "crash"):  # one config took the worker down
                 retry += [(M, (c,)) for c in cs]
                 continue
+            else:  # the job itself failed (it reports a config's own failure as that config's result)
+                out += [Timed(c, M, phase, failure=outcome.failure, error=outcome.error) for c in cs]
             done += len(cs)
             self.on_progress(phase, done, total)
         for outcome in self.time_pool.run(tasks(retry)):

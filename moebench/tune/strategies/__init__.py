@@ -1,6 +1,6 @@
 """Search strategies, one module each, with one entry point: ``search(candidates, bench, options)``.
 
-Each returns the chosen config per M (None where nothing ran) from its "final" timings, and declares its
+Each returns the chosen config per M (None where nothing ran), the fastest of its "final" timings, and declares its
 options as a frozen dataclass beside it. Adding a strategy adds a module and a line to ``STRATEGIES``.
 """
 
@@ -19,8 +19,3 @@ def get_strategy(name: str):
     except KeyError:
         raise UserError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
 
-
-def fastest(timed) -> object | None:
-    """The Timed with the lowest time among those that ran, or None."""
-    ok = [t for t in timed if t.ok and t.time_us is not None]
-    return min(ok, key=lambda t: t.time_us) if ok else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moebench.tune.bench import Bench
+from moebench.tune.bench import Bench, fastest
 from moebench.tune.candidates import Candidates
 
 
@@ -22,12 +22,5 @@ def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
     per_m = {M: cands.ranked(M)[:opts.limit or None] for M in bench.ms}
     bench.compile([c for cs in per_m.values() for c in cs])
     screens = bench.time(per_m, "screen")
-    finals = bench.time({M: [t.config for t in _best(ts, opts.final)] for M, ts in screens.items()}, "final")
-    from moebench.tune.strategies import fastest
-
-    return {M: (best.config if (best := fastest(ts)) else None) for M, ts in finals.items()}
-
-
-def _best(timed, n: int):
-    ok = sorted((t for t in timed if t.ok and t.time_us is not None), key=lambda t: t.time_us)
-    return ok[:n]
+    finals = bench.time({M: [t.config for t in fastest(ts, opts.final)] for M, ts in screens.items()}, "final")
+    return {M: (best[0].config if (best := fastest(ts)) else None) for M, ts in finals.items()}

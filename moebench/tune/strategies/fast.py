@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from moebench.tune.bench import Bench
+from moebench.tune.bench import Bench, fastest
 from moebench.tune.candidates import Candidates
 
 
@@ -29,8 +29,6 @@ class Options:
 
 
 def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
-    from moebench.tune.strategies import fastest
-
     seed = list({c.key(): c for M in bench.ms for c in _seeds(cands.ranked(M), opts)}.values())
     failed = bench.compile(seed)
     timed: dict[int, dict[tuple, object]] = {M: {} for M in bench.ms}  # M -> config key -> its screen
@@ -40,7 +38,7 @@ def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
             timed[M].update((t.config.key(), t) for t in ts)
 
     screen({M: [c for c in seed if c.key() not in failed and cands.allowed(M, c)] for M in bench.ms})
-    leaders = {M: _leaders(timed[M], opts.lead) for M in bench.ms}
+    leaders = {M: fastest(timed[M].values(), opts.lead) for M in bench.ms}
     moved = set(bench.ms)  # the M whose leaders changed at the last step: only they climb on
     for _ in range(opts.climbs):
         work = {}
@@ -53,11 +51,11 @@ def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
             break
         failed = {**failed, **bench.compile([c for cs in work.values() for c in cs])}
         screen({M: [c for c in cs if c.key() not in failed] for M, cs in work.items()})
-        new = {M: _leaders(timed[M], opts.lead) for M in bench.ms}
+        new = {M: fastest(timed[M].values(), opts.lead) for M in bench.ms}
         moved = {M for M in bench.ms if [t.config.key() for t in new[M]] != [t.config.key() for t in leaders[M]]}
         leaders = new
-    finals = bench.time({M: [t.config for t in _leaders(timed[M], opts.final)] for M in bench.ms}, "final")
-    return {M: (best.config if (best := fastest(ts)) else None) for M, ts in finals.items()}
+    finals = bench.time({M: [t.config for t in fastest(timed[M].values(), opts.final)] for M in bench.ms}, "final")
+    return {M: (best[0].config if (best := fastest(ts)) else None) for M, ts in finals.items()}
 
 
 def _seeds(ranked: list, opts: Options) -> list:
@@ -71,7 +69,3 @@ def _seeds(ranked: list, opts: Options) -> list:
             seeds.append(c)
     return seeds
 
-
-def _leaders(timed: dict, n: int) -> list:
-    ok = sorted((t for t in timed.values() if t.ok and t.time_us is not None), key=lambda t: t.time_us)
-    return ok[:n]
