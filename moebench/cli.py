@@ -14,6 +14,10 @@ from pathlib import Path
 import click
 
 from moebench import __version__
+from moebench.cli_report import TABLES, print_tables
+from moebench.cli_report import compare as compare_command
+from moebench.cli_report import plot as plot_command
+from moebench.cli_report import report as report_command
 from moebench.cli_tune import export_configs as export_configs_command
 from moebench.cli_tune import tune as tune_command
 from moebench.errors import UserError, os_error_line
@@ -45,37 +49,6 @@ def _console():
 def _emit(text: str | None) -> None:
     if text is not None:
         click.echo(text.rstrip("\n"))
-
-
-def _print_tables(df, fmt: str, out) -> None:
-    """The throughput table (for an interpreter run: its check against the fp32 reference) and, for
-    GPU rows at prefill-sized M, the TTFT table; for programs, both under stable keys."""
-    from rich.text import Text
-
-    from moebench import report
-
-    through = report.throughput_table(df)
-    ttft = report.prefill_ttft_table(df)
-    if fmt == "table":
-        title = ("Correctness (CPU interpreter)" if report.is_interpreter_run(df)
-                 else "Throughput (MoE layer)")
-        report.render(through, "table", title, console=out)
-        if len(ttft):
-            report.render(ttft, "table", "MoE share of time-to-first-token", console=out)
-        bad = df[df["status"] != "ok"]
-        for _, r in bad.iterrows():
-            line = Text(str(r["status"]), style="yellow")
-            line.append(f": {r['model']} {r['dtype']} M={r['M']} {r['path']}: {r['error']}")
-            out.print(line)
-    elif fmt == "csv":
-        _emit(report.render(through, "csv", "throughput"))
-        click.echo()
-        _emit(report.render(ttft, "csv", "ttft"))
-    else:
-        import json
-
-        click.echo(json.dumps({"throughput": json.loads(report.render(through, "json", "throughput")),
-                               "ttft": json.loads(report.render(ttft, "json", "ttft"))}, indent=2))
 
 
 def _progress(enabled: bool):
@@ -119,6 +92,8 @@ def cli() -> None:
               help="Where the run folder is created.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS),
               help="Printed output.")
+@click.option("--table", "which", type=click.Choice(TABLES), default=None,
+              help="Print only this table (csv prints one table: throughput unless this says ttft).")
 @click.option("--tune", is_flag=True, help="Try the tile-config candidates for the triton path (a row each).")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
               help="With --tune on a GPU: worker processes that compile each point's candidates before it is "
@@ -127,7 +102,7 @@ def cli() -> None:
 @click.option("--fresh", is_flag=True,
               help="Start a new run folder even where a stopped run of the same sweep under --out could resume.")
 def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dtypes, paths, routing, seed, tp,
-          ep, out_dir, fmt, tune, compile_jobs, progress, fresh):
+          ep, out_dir, fmt, which, tune, compile_jobs, progress, fresh):
     """Run a sweep from SPEC (a YAML file, or the name of a shipped spec such as quick) or from flags,
     write a run folder, print tables.
 
@@ -187,7 +162,7 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
         run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started, compile_jobs=jobs, on_note=noted,
                             resume=not fresh, on_resume=resumed)
     _, df = load_run(run_dir)
-    _print_tables(df, fmt, out)
+    print_tables(df, fmt, out, which)
     _note(f"run folder: {run_dir}")
 
 
@@ -204,62 +179,6 @@ def _load_run_warned(run: Path, with_commit: bool = False):
     if with_commit:
         df["commit"] = meta.get("git_commit")
     return meta, df
-
-
-@cli.command()
-@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
-@click.option("--gains", is_flag=True,
-              help="Instead: per triton point, best config and the Swap-AB, fp8 and vs-cutlass gains (and the "
-                   "git commit of its run, where the runs named differ).")
-def report(runs, fmt, gains):
-    """Print the throughput and TTFT tables of one or more run folders (rows taken together; each row
-    keeps the floor of its own run's ceilings)."""
-    import pandas as pd
-
-    from moebench import report as rep
-
-    df = pd.concat([_load_run_warned(run, with_commit=gains)[1] for run in runs], ignore_index=True)
-    if not gains:
-        _print_tables(df, fmt, _console())
-        return
-    table = rep.gains_table(df)
-    if fmt == "table":
-        rep.render(table, "table", f"triton gains: {', '.join(map(str, runs))}", console=_console())
-        geo, low = rep.geomean_pct_of_floor(table)
-        _console().print(f"{len(table)} points: geometric mean {geo:.1f}% of floor, lowest {low:.1f}%")
-    else:
-        _emit(rep.render(table, fmt, "gains"))
-
-
-@cli.command()
-@click.argument("base", type=click.Path(path_type=Path))
-@click.argument("new", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
-@click.option("--threshold", default=0.03, show_default=True,
-              help="Smallest relative change called FASTER/SLOWER, whatever the measured noise.")
-@click.option("--fail-on-slower", is_flag=True, help="Exit 1 when any point is SLOWER (a CI regression gate).")
-def compare(base, new, fmt, threshold, fail_on_slower):
-    """Compare two run folders point by point: SAME / FASTER / SLOWER against the noise of both."""
-    from moebench import compare as cmp
-    from moebench import report as rep
-
-    (_, base_df), (_, new_df) = _load_run_warned(base), _load_run_warned(new)
-    cmp.check_comparable(base_df, new_df)  # an interpreter run against a GPU run: one error, no warning first
-    if w := cmp.device_mismatch(base_df, new_df):
-        _note(f"warning: {w}")
-    table = cmp.compare_runs(base_df, new_df, min_threshold=threshold)
-    if fmt == "table":
-        rep.render(table, "table", f"{base} -> {new}", console=_console())
-        only = cmp.unmatched(base_df, new_df)
-        if len(only):
-            _note(f"{len(only)} point(s) present in one run only")
-    else:
-        _emit(rep.render(table, fmt, "compare"))
-    slower = cmp.count_slower(table)
-    if fail_on_slower and slower:
-        _note(f"{slower} point(s) SLOWER")
-        sys.exit(1)
 
 
 @cli.command()
@@ -384,6 +303,9 @@ def bounds(runs, path_name, fmt, out_dir, progress):
         _note(f"run folder: {run_dir}")
 
 
+cli.add_command(report_command)
+cli.add_command(compare_command)
+cli.add_command(plot_command)
 cli.add_command(tune_command)
 cli.add_command(export_configs_command)
 

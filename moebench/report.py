@@ -230,8 +230,10 @@ _COLUMN_FORMATS: dict[str, Callable[[float], str]] = {
     "swap_gain": _fixed(2, "x"),
     "fp8_gain": _fixed(2, "x"),
     "vs_cutlass": _fixed(2, "x"),
+    "speedup": lambda v: f"{v:.3f}x",
 }
-_VERDICT_STYLES = {"FASTER": "bold green", "SLOWER": "bold red", "SAME": "dim"}
+_VERDICT_STYLES = {"FASTER": "bold green", "SLOWER": "bold red", "SAME": "dim", "UNKNOWN": "yellow",
+                   "CORRECT": "dim", "FIXED": "bold green", "BROKEN": "bold red", "INCORRECT": "red"}
 
 
 def format_cell(column: str, value: object) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from moebench._interpret import interpreting
@@ -90,21 +92,43 @@ def test_report_gains_over_runs_of_two_commits_names_each_points(cpu_run, tmp_pa
         folder = tmp_path / name
         shutil.copytree(run_dir, folder)
         meta = json.loads((folder / "meta.json").read_text())
-        (folder / "meta.json").write_text(json.dumps({**meta, "git_commit": commit}))
+        (folder / "meta.json").write_text(json.dumps({**meta, "git_commit": commit, "interpreter": False}))
         rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
-        (folder / "rows.jsonl").write_text("".join(
-            json.dumps({**r, "time_us": r["time_us"] / speedup[r["M"]]}) + "\n" for r in rows))
+        (folder / "rows.jsonl").write_text("".join(  # made GPU rows: --gains refuses interpreter timings
+            json.dumps({**r, "time_us": r["time_us"] / speedup[r["M"]], "interpreter": False}) + "\n"
+            for r in rows))
     proc = moebench("report", str(tmp_path / "a"), str(tmp_path / "b"), "--gains", "--format", "json")
     assert proc.returncode == 0, proc.stderr
     assert {r["M"]: r["commit"] for r in json.loads(proc.stdout)} == {1: "aaaaaaa", 5: "bbbbbbb"}
 
 
-def test_compare_a_run_with_itself_is_all_same(cpu_run):
+def test_compare_of_interpreter_runs_is_correctness_only(cpu_run):
+    """Interpreter runs get CORRECT / BROKEN verdicts, no speed: no ratio, no FASTER or SLOWER."""
     _, run_dir = cpu_run
     proc = moebench("compare", str(run_dir), str(run_dir), "--format", "csv", "--fail-on-slower")
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1 + 4 and all(line.endswith("SAME") for line in lines[1:])
+    table = pd.read_csv(io.StringIO(proc.stdout))
+    assert len(table) == 4 and set(table["verdict"]) == {"CORRECT"}
+    assert "ratio" not in table.columns and "new_us" not in table.columns
+
+
+def test_report_gains_of_an_interpreter_run_is_refused(cpu_run):
+    _, run_dir = cpu_run
+    proc = moebench("report", str(run_dir), "--gains")
+    assert proc.returncode == 2
+    (line,) = _error_lines(proc.stderr)
+    assert "interpreter" in line and "nan" not in proc.stdout + proc.stderr
+
+
+def test_csv_output_is_one_loadable_table(cpu_run):
+    """--format csv prints one table (throughput by default, --table ttft for the other), nothing else."""
+    proc, run_dir = cpu_run
+    for stdout in (proc.stdout, moebench("report", str(run_dir), "--format", "csv").stdout):  # sweep, report
+        table = pd.read_csv(io.StringIO(stdout))
+        assert list(table.columns[:4]) == ["model", "dtype", "M", "path"] and len(table) == 4
+    proc = moebench("report", str(run_dir), "--format", "csv", "--table", "ttft")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "model,dtype,path,prompt_len,moe_ttft_ms"  # interpreter rows: no TTFT
 
 
 def test_export_configs_refuses_interpreter_runs(cpu_run, tmp_path):
@@ -233,13 +257,19 @@ def test_report_leaves_out_a_torn_last_row_and_says_so(cpu_run, tmp_path):
     assert "line 5 is cut short" in line
 
 
-def test_report_of_a_folder_of_runs_names_the_runs_inside(cpu_run, tmp_path):
+def test_report_of_a_folder_of_runs_reports_the_runs_inside(cpu_run, tmp_path):
+    """A folder of run folders (a baseline) counts as its runs; a folder with none is one error line."""
     _, run_dir = cpu_run
     shutil.copytree(run_dir, tmp_path / "many" / "one-run")
-    proc = moebench("report", str(tmp_path / "many"))
+    shutil.copytree(run_dir, tmp_path / "many" / "two-run")
+    proc = moebench("report", str(tmp_path / "many"), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)["throughput"]) == 4  # the same points twice: one row each
+    (tmp_path / "empty").mkdir()
+    proc = moebench("report", str(tmp_path / "empty"))
     assert proc.returncode == 2
     (line,) = _error_lines(proc.stderr)
-    assert "not a moebench run folder" in line and "one-run" in line
+    assert "not a moebench run folder" in line
 
 
 @pytest.mark.parametrize("args", [

@@ -6,10 +6,12 @@ import pandas as pd
 import pytest
 
 from moebench.compare import (
+    CHECK_COLUMNS,
     COMPARE_COLUMNS,
     KEY,
     UNMATCHED_COLUMNS,
     check_comparable,
+    check_table,
     compare_runs,
     count_slower,
     device_mismatch,
@@ -73,12 +75,34 @@ def test_min_threshold_sets_the_floor_of_the_noise():
     assert compare_runs(base, new, min_threshold=0.10)["verdict"].tolist() == ["SAME"]
 
 
-def test_missing_percentiles_count_as_no_spread():
-    base = frame(row(1, 100.0, time_p20_us=None, time_p80_us=None))
-    new = frame(row(1, 90.0))
+def test_missing_percentiles_make_the_noise_unknown_not_same():
+    """A point whose spread was not recorded has no known noise: UNKNOWN, even for a 10% change."""
+    base = frame(row(1, 100.0, time_p20_us=None, time_p80_us=None), row(2, 100.0))
+    new = frame(row(1, 90.0), row(2, 100.0))
+    got = by_M(compare_runs(base, new))
+    assert got[1]["verdict"] == "UNKNOWN" and pd.isna(got[1]["noise"])
+    assert got[2]["verdict"] == "SAME"
+
+
+def test_a_side_of_several_runs_takes_their_median_and_the_spread_between_them():
+    """Three baseline runs at 100, 104 and 108 us: the point's time is 104 and its noise at least 8%,
+    so 111 us is SAME while one run alone at 100 would call it SLOWER."""
+    base = frame(*(row(1, t, spread=0.01, run=f"r{i}") for i, t in enumerate((100.0, 104.0, 108.0))))
+    new = frame(row(1, 111.0, spread=0.01))
     r = compare_runs(base, new).iloc[0]
-    assert r["noise"] == pytest.approx(0.03)
-    assert r["verdict"] == "FASTER"
+    assert r["base_us"] == pytest.approx(104.0) and r["noise"] == pytest.approx(0.08)
+    assert r["verdict"] == "SAME"
+    assert compare_runs(base[base["run"] == "r0"], new).iloc[0]["verdict"] == "SLOWER"
+
+
+def test_interpreter_runs_are_compared_for_correctness_only():
+    base = frame(row(1, 100.0, interpreter=True), row(2, 100.0, interpreter=True),
+                 row(3, 100.0, interpreter=True, status="incorrect", correct=False))
+    new = frame(row(1, 1.0, interpreter=True), row(2, 100.0, interpreter=True, status="incorrect", correct=False),
+                row(3, 100.0, interpreter=True))
+    got = by_M(check_table(base, new))
+    assert [got[m]["verdict"] for m in (1, 2, 3)] == ["CORRECT", "BROKEN", "FIXED"]
+    assert list(check_table(base, new).columns) == CHECK_COLUMNS
 
 
 def test_only_ok_rows_are_compared_and_key_includes_dtype_and_path():
