@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install bench test check clean
+.PHONY: install bench test check gate clean
 
 install: $(STAMP)
 
@@ -29,6 +29,16 @@ test: install
 
 check: install
 	$(PY) -m ruff check moebench tests
+
+# The regression gate (GPU): the quick sweep into a fresh folder, then compared with the committed H200
+# baseline; exits 1 naming each point slower by more than GATE_PCT% and beyond the measured noise.
+BASELINE ?= results/baselines/h200-quick-d62257d
+GATE_PCT ?= 5
+GATE_OUT ?= results/gate
+gate: install
+	rm -rf $(GATE_OUT)
+	$(PY) -m moebench sweep quick --out $(GATE_OUT) --no-progress
+	$(PY) -m moebench compare $(BASELINE) $(GATE_OUT) --fail-slower $(GATE_PCT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

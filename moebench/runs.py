@@ -1,7 +1,7 @@
 """The data every report reads: run folders loaded once into one table of rows and their runs' metadata.
 
 Tables (``moebench.report``), comparisons (``moebench.compare``), charts (``moebench.plot``) and the
-HTML page (``moebench.html``) all take a ``Runs``, so what they show comes from the same rows and
+HTML page (``moebench.html_report``) all take a ``Runs``, so what they show comes from the same rows and
 cannot disagree. A path named on the command line is a run folder, or a folder of run folders (a
 baseline made of several runs of the same sweep, ``results/baselines/...``).
 """
@@ -73,22 +73,26 @@ class Runs:
                 continue
             soft = ", ".join(f"{k} {m[k]}" for k in ("torch", "triton") if m.get(k))
             text = f"{device} ({soft})" if soft else device
-            ceil = ceilings_text(m.get("ceilings"))
+            ceil = ceilings_text([meta.get("ceilings") for meta in metas])
             parts.append(f"{text}; ceilings {ceil}" if ceil else text)
         return " | ".join(parts) or "no runs"
 
 
-def ceilings_text(ceilings: dict | None) -> str:
-    """A run's measured ceilings as people read them: 'read 4.53 TB/s, bf16 794 TFLOP/s, fp8 1436 TFLOP/s'."""
-    if not ceilings:
-        return ""
-    out = []
-    if ceilings.get("read_gbps"):
-        out.append(f"read {ceilings['read_gbps'] / 1000:.2f} TB/s")
-    for dtype in ("bf16", "fp8"):
-        if ceilings.get(f"{dtype}_tflops"):
-            out.append(f"{dtype} {ceilings[f'{dtype}_tflops']:.0f} TFLOP/s")
-    return ", ".join(out)
+def ceilings_text(ceilings: dict | list[dict | None] | None) -> str:
+    """One run's measured ceilings (its meta's ``ceilings``), or several runs' with a range where they differ,
+    as people read them: 'read 4.53-4.63 TB/s, bf16 794 TFLOP/s, fp8 1436 TFLOP/s'."""
+    found = [c for c in (ceilings if isinstance(ceilings, list) else [ceilings]) if c]
+
+    def span(key: str, scale: float, digits: int, unit: str) -> str | None:
+        values = sorted(c[key] / scale for c in found if c.get(key))
+        if not values:
+            return None
+        lo, hi = f"{values[0]:.{digits}f}", f"{values[-1]:.{digits}f}"
+        return f"{lo} {unit}" if lo == hi else f"{lo}-{hi} {unit}"
+
+    parts = [("read", span("read_gbps", 1000, 2, "TB/s")), ("bf16", span("bf16_tflops", 1, 0, "TFLOP/s")),
+             ("fp8", span("fp8_tflops", 1, 0, "TFLOP/s"))]
+    return ", ".join(f"{name} {text}" for name, text in parts if text)
 
 
 def run_folders(path: Path) -> list[Path]:

@@ -324,3 +324,41 @@ def test_an_output_folder_on_a_read_only_mount_is_one_line(tmp_path, monkeypatch
     (line,) = _error_lines(capsys.readouterr().err)
     assert line == f"error: {out}: {os.strerror(errno.EROFS)}"
     assert not (tmp_path / "mnt").exists()
+
+
+def test_plot_and_html_report_of_a_committed_h200_run(tmp_path):
+    """`plot` writes a PNG per chart the run supports and prints their paths; `report --html` writes one page."""
+    run = ROOT / "results" / "h200-quick-9476d0f"
+    proc = moebench("plot", str(run), "--out", str(tmp_path / "plots"))
+    assert proc.returncode == 0, proc.stderr
+    paths = [Path(p) for p in proc.stdout.split()]
+    assert {p.name for p in paths} == {"time.png", "floor.png", "gains.png", "ttft.png"}
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in paths)
+    proc = moebench("report", str(run), "--html", str(tmp_path / "page.html"), "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "page.html").read_text().count("data:image/png;base64,") == len(paths)
+    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == ["page.html"]
+
+
+def test_gate_exit_status_on_the_committed_baseline(tmp_path):
+    """`compare BASELINE CURRENT --fail-slower 5`: 0 for a repeat run of the same code, 1 naming the point
+    for a copy with one point 10% slower, 2 for a run of another sweep."""
+    baseline = ROOT / "results" / "baselines" / "h200-quick-d62257d"
+    repeat = sorted(p for p in (ROOT / "results" / "h200-quick-repeat-d62257d").iterdir() if p.is_dir())[0]
+    proc = moebench("compare", str(baseline), str(repeat), "--fail-slower", "5", "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    slowed = tmp_path / "slowed"
+    shutil.copytree(repeat, slowed)
+    rows = [json.loads(line) for line in (slowed / "rows.jsonl").read_text().splitlines()]
+    for r in rows:
+        if r["model"] == "deepseek-v3" and r["M"] == 16 and r["path"] == "triton":
+            r.update({k: r[k] * 1.1 for k in ("time_us", "time_p20_us", "time_p80_us")})
+    (slowed / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = moebench("compare", str(baseline), str(slowed), "--fail-slower", "5", "--format", "csv")
+    assert proc.returncode == 1
+    assert [line for line in proc.stderr.splitlines() if line.startswith("regression")] == [
+        line for line in proc.stderr.splitlines() if "deepseek-v3 bf16 M=16 triton" in line]
+    proc = moebench("compare", str(baseline), str(ROOT / "results" / "h200-kernels-0dcfbb8"), "--fail-slower", "5")
+    assert proc.returncode == 2
+    (line,) = _error_lines(proc.stderr)
+    assert "lacks" in line

@@ -90,3 +90,15 @@ def test_interpreter_runs_are_gated_on_correctness(baseline):
     assert gate(cpu, cpu.assign(time_us=cpu["time_us"] * 3), DEFAULT_PCT).exit_status == 0  # no speed verdict
     result = gate(cpu, broken, DEFAULT_PCT)
     assert result.exit_status == 1 and "incorrect now" in result.regressions[0]
+
+
+def test_make_gate_and_the_workflow_example_use_the_committed_baseline():
+    """The Makefile's gate compares against a baseline that exists and loads; the example workflow runs it."""
+    import yaml
+
+    makefile = (ROOT / "Makefile").read_text()
+    (line,) = [x for x in makefile.splitlines() if x.startswith("BASELINE ?=")]
+    assert ROOT / line.split("?=")[1].strip() == BASELINE
+    assert "--fail-slower $(GATE_PCT)" in makefile
+    steps = yaml.safe_load((ROOT / "docs" / "ci" / "h200-gate.yml").read_text())["jobs"]["gate"]["steps"]
+    assert any("make gate" in step.get("run", "") for step in steps)
