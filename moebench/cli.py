@@ -95,6 +95,10 @@ def cli() -> None:
 @click.option("--table", "which", type=click.Choice(TABLES), default=None,
               help="Print only this table (csv prints one table: throughput unless this says ttft).")
 @click.option("--tune", is_flag=True, help="Try the tile-config candidates for the triton path (a row each).")
+@click.option("--configs", "configs_dir", type=click.Path(path_type=Path), default=None,
+              help="A folder of moebench tables (export-configs --layout moebench) the triton path reads its tile "
+                   "config from, before $MOEBENCH_CONFIGS and the shipped tables; each row says where its config "
+                   "came from (config_source).")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
               help="With --tune on a GPU: worker processes that compile each point's candidates before it is "
                    "timed; 0 compiles them one by one in the sweep's process. [default: cores - 1, at most 12]")
@@ -102,7 +106,7 @@ def cli() -> None:
 @click.option("--fresh", is_flag=True,
               help="Start a new run folder even where a stopped run of the same sweep under --out could resume.")
 def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dtypes, paths, routing, seed, tp,
-          ep, out_dir, fmt, which, tune, compile_jobs, progress, fresh):
+          ep, out_dir, fmt, which, tune, configs_dir, compile_jobs, progress, fresh):
     """Run a sweep from SPEC (a YAML file, or the name of a shipped spec such as quick) or from flags,
     write a run folder, print tables.
 
@@ -132,7 +136,8 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     if interpreter:
         sweep_spec, changed = for_interpreter(sweep_spec, target, dtypes_given=dtypes is not None,
                                         paths_given=paths is not None, ms_given=ms is not None)
-    plan = validate(sweep_spec, target)  # refuse before anything is printed or written; the plan, built once
+    # refuse before anything is printed or written; the plan, built once
+    plan = validate(sweep_spec, target, configs_dir=configs_dir)
     ensure_out_dir(out_dir)  # an --out that is a file or read-only fails here, before any work
     out = _console()
     if interpreter:

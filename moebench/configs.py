@@ -136,9 +136,13 @@ class ConfigTable(Mapping[int, TileConfig]):
         Ties go to the first such key in file order (Python's ``min``); files
         written by ``to_json`` (and vLLM's own) list M ascending, so the smaller key wins.
         """
+        return self._entries[self.nearest_key(m)]
+
+    def nearest_key(self, m: int) -> int:
+        """The key ``nearest`` reads for M tokens."""
         if not self._entries:
             raise UserError("config table is empty: no tile config for any M")
-        return self._entries[min(self._entries, key=lambda k: abs(k - m))]
+        return min(self._entries, key=lambda k: abs(k - m))
 
     def to_json(self, triton_version: str | None = None) -> str:
         """The file's text: keys as strings in ascending M, vLLM's six keys in its order, indent 4; with

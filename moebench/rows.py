@@ -67,6 +67,9 @@ class Row:
     # tuning (``moebench tune``); None in a sweep's rows
     phase: str | None = None  # one of PHASES
     failure: str | None = None  # one of FAILURES, where a candidate has no time
+    # where a tunable path's config came from: a table ('configs:'/'env:'/'shipped:' + file @M=key, see
+    # moebench.lookup), 'heuristic' (the path's untuned default), 'pinned', or 'candidate' (sweep --tune)
+    config_source: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

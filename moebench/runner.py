@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import triton
 
+from moebench import lookup
 from moebench.environment import describe, device_name
 from moebench.errors import UserError, one_line
 from moebench.paths import MoEPath, Target, get_path
@@ -88,22 +89,30 @@ class PlannedPoint:
     path_name: str
     reason: str | None  # why the path cannot run the problem here; None where it can
     tiles: tuple[TileConfig | None, ...]  # a row each; (None,): the path's own choice, or unsupported
+    source: str | None = None  # where the tiles came from (Row.config_source); None for a path without tiles
 
 
-def _tiles(path: MoEPath, problem: Problem, reason: str | None, tune: bool,
-           pinned: Pinned | None) -> tuple[TileConfig | None, ...]:
-    """The tile configs a point is run with: the one ``pinned`` names for its (model, dtype, M), else the
-    candidates when tuning a tunable path (for the engines' form, those it can run: moebench-only fields off),
-    else its default (one row, too, for a point the path cannot run)."""
+def _tiles(path: MoEPath, problem: Problem, reason: str | None, tune: bool, pinned: Pinned | None,
+           configs_dir: Path | None = None) -> tuple[tuple[TileConfig | None, ...], str | None]:
+    """The tile configs a point is run with and where they came from: the one ``pinned`` names for its
+    (model, dtype, M), else the candidates when tuning a tunable path (for the engines' form, those it can
+    run: moebench-only fields off), else, for moebench's kernel, the config its tables give at M
+    (``moebench.lookup``: --configs, MOEBENCH_CONFIGS, shipped, else the heuristic), else the path's default
+    (one row, too, for a point the path cannot run)."""
     if not path.tunable or reason:
-        return (None,)
+        return (None,), None
     key = (problem.shape.name, problem.dtype, problem.M)
     if pinned and key in pinned:
-        return (pinned[key],)
-    if not tune:
-        return (path.default_config(problem),)
-    tiles = candidates(problem)
-    return tuple(c for c in tiles if c.portable) if path.name == "triton-classic" else tuple(tiles)
+        return (pinned[key],), "pinned"
+    if tune:
+        tiles = candidates(problem)
+        return (tuple(c for c in tiles if c.portable) if path.name == "triton-classic" else tuple(tiles)), "candidate"
+    if path.name != "triton":
+        return (path.default_config(problem),), "heuristic"
+    s = problem.shape
+    chosen = lookup.choose(problem.M, s.experts, s.intermediate, problem.dtype, device_name(),
+                           path.default_config(problem), configs_dir)
+    return (chosen.config,), chosen.label
 
 
 @dataclass(frozen=True)
@@ -116,12 +125,14 @@ class SweepPlan:
     points: tuple[PlannedPoint, ...]
 
     @classmethod
-    def build(cls, spec: SweepSpec, target: Target, pinned: Pinned | None = None) -> SweepPlan:
+    def build(cls, spec: SweepSpec, target: Target, pinned: Pinned | None = None,
+              configs_dir: Path | None = None) -> SweepPlan:
         points = []
         for problem, name in spec.points():
             path = get_path(name)
             reason = path.supports(problem, target)
-            points.append(PlannedPoint(problem, name, reason, _tiles(path, problem, reason, spec.tune, pinned)))
+            tiles, source = _tiles(path, problem, reason, spec.tune, pinned, configs_dir)
+            points.append(PlannedPoint(problem, name, reason, tiles, source))
         for name in spec.paths:
             reasons = [p.reason for p in points if p.path_name == name]
             if all(reasons):
@@ -135,9 +146,11 @@ class SweepPlan:
         return sum(len(p.tiles) for p in self.points)
 
 
-def validate(spec: SweepSpec, target: Target, pinned: Pinned | None = None) -> SweepPlan:
-    """The sweep's plan on ``target``; UserError for a path that can run none of its problems here."""
-    return SweepPlan.build(spec, target, pinned)
+def validate(spec: SweepSpec, target: Target, pinned: Pinned | None = None,
+             configs_dir: Path | None = None) -> SweepPlan:
+    """The sweep's plan on ``target``; UserError for a path that can run none of its problems here, or a
+    ``configs_dir`` that is not a folder."""
+    return SweepPlan.build(spec, target, pinned, lookup.check_dir(configs_dir))
 
 
 def run_config(point: PlannedPoint, path: MoEPath, inputs: MoEInputs, ref: torch.Tensor | None, target: Target,
@@ -148,8 +161,9 @@ def run_config(point: PlannedPoint, path: MoEPath, inputs: MoEInputs, ref: torch
     problem = point.problem
     row = Row.for_point(problem, point.path_name, target)
     if path.tunable:
+        source = point.source if config is not None else "heuristic"
         config = config or path.default_config(problem)
-        row = replace(row, config=config.as_dict())
+        row = replace(row, config=config.as_dict(), config_source=source)
     touched = inputs.experts_touched
     row = replace(row, experts_touched=touched, bytes=problem.min_bytes(touched))
     out = torch.empty(problem.M, problem.shape.hidden, device=inputs.x.device, dtype=problem.spec.act)

@@ -26,7 +26,7 @@ COLUMNS = (
     "device_name", "interpreter", "timing_method", "error",
 )
 # Columns added after them, at the end, so older rows read as the same columns with these missing.
-TUNING_COLUMNS = ("phase", "failure")
+TUNING_COLUMNS = ("phase", "failure", "config_source")
 
 
 def test_the_schema_is_the_row_type_and_keeps_its_columns():
