@@ -248,8 +248,7 @@ def _tables(runs: Runs, tuned: pd.DataFrame | None) -> str:
     ttft = report.prefill_ttft_table(df)
     if len(ttft):
         out += ["<h3>MoE share of time-to-first-token</h3>",
-                '<p class="note"><code>moe_ttft_ms</code> = MoE layers x time at M = prompt length: '
-                "prefilling a prompt runs every MoE layer once on all its tokens.</p>", table_html(ttft)]
+                f'<p class="note">{_e(report.TTFT_NOTE)}</p>', table_html(ttft)]
     gpu = df[~report.interpreter_rows(df)]  # ratios of interpreter wall-clock times say nothing: GPU rows only
     gains = report.gains_table(gpu) if len(gpu) else pd.DataFrame()
     if len(gains):

@@ -39,6 +39,10 @@ INTERPRETER_VIEW = ["model", "dtype", "M", "path", *CHECK_COLUMNS]
 _GPU_FIGURES = ["pct_of_floor", "tflops", "gbps", "decode_tok_s"]  # left empty on interpreter rows
 
 _POINT = ["model", "dtype", "M", "path"]
+# What the TTFT table's figure is and is not, printed with it wherever it is shown.
+TTFT_NOTE = ("moe_ttft_ms = MoE layers x one warm layer time at M = prompt length (align, GEMMs, activation, "
+             "top-k sum). Excludes attention, the router, dense layers, communication, and compilation: a cold "
+             "start's compile cost is what `moebench trace` measures.")
 _PROMPT_MIN = 128  # default TTFT prompt lengths: the measured M at or above this (prefill-sized)
 
 
@@ -150,7 +154,7 @@ def ttft_table(df: pd.DataFrame, prompt_lens: list[int] | None = None) -> pd.Dat
         "moe_ttft_ms": rows["moe_layers"] * rows["time_us"].astype(float) / 1000.0,
     }, columns=TTFT_COLUMNS)
     out = out.sort_values(["model", "dtype", "path", "prompt_len"], kind="stable").reset_index(drop=True)
-    out.attrs["caption"] = interpreter_caption(df)
+    out.attrs["caption"] = interpreter_caption(df) or TTFT_NOTE
     return out
 
 
