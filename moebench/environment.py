@@ -34,8 +34,12 @@ def git_commit() -> str | None:
     return commit
 
 
-def device_name() -> str:
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"cpu ({platform.machine()})"
+def device_name(device: torch.device | None = None) -> str:
+    """The name rows and tables key a device by: the GPU's name as torch gives it (``device``, else the current
+    one where there is a GPU), else "cpu (<machine>)"."""
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})"
 
 
 def describe(interpreter: bool) -> dict:

@@ -47,13 +47,14 @@ class Chosen:
         return f"{self.source}:{self.table.name}@M={self.table_m}"
 
 
-def check_dir(configs_dir: Path | str | None) -> Path | None:
-    """``configs_dir`` as a Path, UserError (one line) where it is given and is not a folder."""
+def check_dir(configs_dir: Path | str | None, what: str = "--configs") -> Path | None:
+    """``configs_dir`` as a Path, UserError (one line, naming it as ``what``) where it is given and is not a
+    folder."""
     if configs_dir is None:
         return None
     path = Path(configs_dir)
     if not path.is_dir():
-        raise UserError(f"--configs {path}: no such folder of tables")
+        raise UserError(f"{what} {path}: no such folder of tables")
     return path
 
 

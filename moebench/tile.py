@@ -234,3 +234,9 @@ def default_config(M: int, experts: int, topk: int, elem_bytes: int = 2, block_k
     if block_k is not None:
         cfg = replace(cfg, BLOCK_SIZE_K=block_k)
     return fit_stages(cfg, elem_bytes, limits)
+
+
+def kernel_default(M: int, experts: int, topk: int, weight_bytes: int, fp8_scheme: str | None) -> TileConfig:
+    """The untuned config moebench's kernel (the triton path) runs: ``default_config``, K stepped by one scale
+    block (128) for 128x128 block-scaled fp8."""
+    return default_config(M, experts, topk, weight_bytes, block_k=128 if fp8_scheme == "block128" else None)
