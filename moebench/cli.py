@@ -20,6 +20,7 @@ from moebench.cli_report import plot as plot_command
 from moebench.cli_report import report as report_command
 from moebench.cli_tune import export_configs as export_configs_command
 from moebench.cli_tune import tune as tune_command
+from moebench.cli_warmup import warmup as warmup_command
 from moebench.errors import UserError, os_error_line
 
 FORMATS = ("table", "csv", "json")
@@ -312,6 +313,7 @@ cli.add_command(report_command)
 cli.add_command(compare_command)
 cli.add_command(plot_command)
 cli.add_command(tune_command)
+cli.add_command(warmup_command)
 cli.add_command(export_configs_command)
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import nullcontext
 
@@ -75,8 +76,17 @@ class Precompiler:
     def compile(self, path_name: str, problem: Problem, configs: list[TileConfig]) -> list[str | None]:
         """Run ``problem`` on path ``path_name`` once per config, each in a worker; per config, None or why
         it could not run. Returns when all have finished."""
+        return self.compile_runs(path_name, [(problem, cfg) for cfg in configs], problem)
+
+    def compile_runs(self, path_name: str, runs: list[tuple[Problem, TileConfig]], first: Problem | None = None,
+                     on_done: Callable[[int, str | None], None] | None = None) -> list[str | None]:
+        """Run each (problem, config) of ``runs`` (problems of one shape, dtype and seed; any M) once in a worker,
+        all submitted at once; per run, None or why it could not run, and ``on_done(i, error)`` as each ends."""
+        problem = first if first is not None else runs[0][0] if runs else None
+        if problem is None:
+            return []
         if self.broken:
-            return [self.broken] * len(configs)
+            return [self.broken] * len(runs)
         weights_of = (problem.shape, problem.dtype, problem.seed)
         if weights_of != self._weights_of:
             self.close()  # its workers hold another shape's weights
@@ -87,14 +97,21 @@ class Precompiler:
                 self._pool = ProcessPoolExecutor(self.workers, mp_context=spawn, initializer=_start_worker,
                                                  initargs=(spawn.Lock(),))
         if self._pool is None:
-            return ["no GPU memory for a compile worker"] * len(configs)
+            return ["no GPU memory for a compile worker"] * len(runs)
+        if any((p.shape, p.dtype, p.seed) != weights_of for p, _ in runs):
+            raise ValueError("compile_runs takes problems of one shape, dtype and seed")
         try:
-            futures = [self._pool.submit(run_candidate, path_name, problem, cfg) for cfg in configs]
-            return [f.result() for f in futures]
+            futures = {self._pool.submit(run_candidate, path_name, p, cfg): i for i, (p, cfg) in enumerate(runs)}
+            errors: list[str | None] = [None] * len(runs)
+            for f in as_completed(futures):
+                errors[futures[f]] = f.result()
+                if on_done is not None:
+                    on_done(futures[f], errors[futures[f]])
+            return errors
         except BrokenProcessPool as e:  # a worker died (killed, or a crash in the driver): compile in-process
             self.broken = f"worker pool stopped: {e}"
             self.close()
-            return [self.broken] * len(configs)
+            return [self.broken] * len(runs)
 
     def close(self) -> None:
         if self._pool is not None:
