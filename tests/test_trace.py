@@ -1,0 +1,297 @@
+"""moebench trace: the request streams, the summary, the compile counter (fed by hand), the specializing
+twins, and a short replay on the interpreter through the library and the command."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import types
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import moebench
+from moebench import jit_watch, trace
+from moebench._interpret import interpreting
+from moebench.cli_trace import trace as trace_command
+from moebench.errors import UserError
+from moebench.jit_watch import CompileWatch, declared_do_not_specialize, decorator_args, layer_kernels, specialized
+from moebench.models import get_model
+
+# ---- request streams ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", trace.DISTRIBUTIONS)
+def test_counts_are_deterministic_for_a_seed(kind):
+    assert trace.token_counts(kind, 200, seed=3) == trace.token_counts(kind, 200, seed=3)
+    assert trace.token_counts(kind, 200, seed=3) != trace.token_counts(kind, 200, seed=4)
+
+
+@pytest.mark.parametrize("kind", trace.DISTRIBUTIONS)
+def test_counts_are_clipped_to_the_bounds(kind):
+    counts = trace.token_counts(kind, 5000, seed=0, max_tokens=100)  # far below the lognormal's tail
+    assert all(isinstance(m, int) and 1 <= m <= 100 for m in counts)
+    assert max(counts) == 100, "draws above max_tokens end at max_tokens"
+
+
+def test_lognormal_median_is_the_declared_one():
+    counts = trace.token_counts("lognormal", 20000, seed=1)
+    assert abs(np.median(counts) - trace.LOGNORMAL_MEDIAN) <= 0.05 * trace.LOGNORMAL_MEDIAN
+
+
+def test_uniform_spans_the_range():
+    counts = trace.token_counts("uniform", 20000, seed=1, max_tokens=50)
+    assert set(counts) == set(range(1, 51))
+
+
+def test_decode_mix_share_of_decode_batches():
+    """The share of counts up to DECODE_MAX is the decode share plus the prompts that small (lognormal CDF)."""
+    counts = trace.token_counts("decode-mix", 20000, seed=2)
+    z = (math.log(trace.DECODE_MAX + 0.5) - math.log(trace.LOGNORMAL_MEDIAN)) / trace.LOGNORMAL_SIGMA
+    small_prompts = 0.5 * (1 + math.erf(z / math.sqrt(2)))
+    expected = trace.DECODE_SHARE + (1 - trace.DECODE_SHARE) * small_prompts
+    assert abs(np.mean(np.array(counts) <= trace.DECODE_MAX) - expected) < 0.015
+
+
+def test_unknown_distribution_is_a_user_error():
+    with pytest.raises(UserError, match="decode-mix"):
+        trace.token_counts("zipf", 10)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("id,prompt_len,tokens\n1,30,7\n2,40,8\n", [30, 40]),  # prompt_len wins over an earlier numeric column
+    ("id,Tokens\n5,9\n6,10\n", [9, 10]),  # tokens, any case
+    ("user,len\nann,12\nbob,13\n", [12, 13]),  # no name matches: the first numeric column
+])
+def test_csv_column_choice(tmp_path, text, expected):
+    path = tmp_path / "lens.csv"
+    path.write_text(text)
+    assert trace.read_prompt_lengths(path) == expected
+
+
+@pytest.mark.parametrize("text, message", [
+    (None, "cannot read"),  # no file
+    ("", "cannot read"),  # empty
+    ("user,name\nann,bob\n", "no column"),  # nothing numeric
+    ("prompt_len\n30\n0\n", "line 3"),  # a count below 1, named by its line
+    ("prompt_len\n30\nabc\n", "line 3"),
+])
+def test_bad_csv_is_one_line_user_error(tmp_path, text, message):
+    path = tmp_path / "lens.csv"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(UserError, match=message) as e:
+        trace.read_prompt_lengths(path)
+    assert "\n" not in str(e.value)
+
+
+# ---- statistics -----------------------------------------------------------------------------------------
+
+def _row(i, latency, warm, kernels=(), seconds=(), disk=()):
+    return {"i": i, "M": 1 + i % 7, "config": "c", "config_source": "heuristic", "latency_ms": latency,
+            "warm_ms": warm, "excess_ms": latency - warm, "compiles": len(kernels), "compile_kernels": list(kernels),
+            "compile_s": list(seconds), "from_disk": list(disk), "new_cache_entries": 0}
+
+
+def test_summary_from_rows():
+    rows = [_row(i, float(i + 1), 0.5) for i in range(100)]  # latencies 1..100 ms
+    rows[3] = _row(3, 4.0, 0.5, ["_gemm1_swiglu", "_gemm2_combine"], [1.0, 2.0], [False, True])
+    rows[25] = _row(25, 26.0, 0.5, ["_gemm1_swiglu"], [0.5], [False])
+    rows[40] = _row(40, 41.0, 45.0)  # warm slower than cold: no negative excess in the total
+    s = trace.summarize(rows)
+    assert s["requests"] == 100 and s["distinct_m"] == 7
+    assert s["variants_compiled"] == 3 and s["compiles_after_20"] == 1 and s["loaded_from_disk"] == 1
+    assert s["latency_p50_ms"] == pytest.approx(50.5) and s["latency_p99_ms"] == pytest.approx(99.01)
+    assert s["latency_max_ms"] == 100.0 and s["warm_max_ms"] == 45.0
+    assert s["total_excess_s"] == pytest.approx(sum(max(r["excess_ms"], 0) for r in rows) / 1e3)
+    events = trace.events_table(rows)
+    assert list(events.columns) == trace.EVENT_COLUMNS
+    assert list(events["i"]) == [3, 3, 25] and list(events["kernel"])[1] == "_gemm2_combine"
+
+
+def test_summary_of_interpreter_rows_counts_nothing():
+    rows = [{**_row(i, 2.0, 1.0), "compiles": None, "compile_kernels": None} for i in range(3)]
+    s = trace.summarize(rows)
+    assert s["variants_compiled"] is None and s["compiles_after_20"] is None and s["loaded_from_disk"] is None
+    assert trace.events_table(rows).empty
+
+
+# ---- the compile counter, fed by hand -------------------------------------------------------------------
+
+def _hook_call(name, key):
+    return dict(key=key, repr=f"{name}[num_warps=4](x: *fp16)", fn=types.SimpleNamespace(name=name),
+                compile={"key": key}, is_manual_warmup=False, already_compiled=False)
+
+
+def test_watch_counts_hook_pairs_and_tells_disk_loads(tmp_path, monkeypatch):
+    from triton import knobs
+
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: seen.append(kw["key"]))
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+    previous = knobs.runtime.jit_cache_hook
+    with CompileWatch(kernels={}, cache_dir=tmp_path, interpreter=False, use_hooks=True) as watch:
+        assert watch.method == "hooks"
+        watch.begin(7)
+        knobs.runtime.jit_cache_hook(**_hook_call("_gemm1_swiglu", "k1"))
+        (tmp_path / "ABC123").mkdir()  # a compile writes a new cache entry
+        knobs.runtime.jit_post_compile_hook(**_hook_call("_gemm1_swiglu", "k1"))
+        knobs.runtime.jit_cache_hook(**_hook_call("_gemm2_combine", "k2"))
+        knobs.runtime.jit_post_compile_hook(**_hook_call("_gemm2_combine", "k2"))  # nothing new: from disk
+        events = watch.end()
+        watch.begin(8)
+        assert watch.end() == []
+    assert [(e.kernel, e.request, e.from_disk) for e in events] == [("_gemm1_swiglu", 7, False),
+                                                                      ("_gemm2_combine", 7, True)]
+    assert all(e.seconds is not None and e.seconds >= 0 for e in events)
+    assert seen == ["k1", "k2"], "the hook installed before is still called"
+    assert knobs.runtime.jit_cache_hook is previous and knobs.runtime.jit_post_compile_hook is None
+
+
+def test_watch_falls_back_to_cache_sizes(tmp_path):
+    kernel = types.SimpleNamespace(device_caches={0: ({"a": 1}, {}, None, None, None)})
+    watch = CompileWatch(kernels={"_scatter_kernel": kernel}, cache_dir=tmp_path, interpreter=False,
+                         use_hooks=False)
+    with watch:
+        watch.begin(0)
+        kernel.device_caches[0][0].update(b=2, c=3)
+        (tmp_path / "new").mkdir()
+        events = watch.end()
+    assert watch.method == "caches" and watch.new_cache_entries == 1
+    assert [(e.kernel, e.request, e.seconds) for e in events] == [("_scatter_kernel", 0, None)] * 2
+
+
+def test_watch_on_the_interpreter_counts_nothing():
+    with CompileWatch(interpreter=True) as watch:
+        watch.begin(0)
+        assert watch.end() is None and watch.method == "interpreter"
+
+
+# ---- specializing twins ---------------------------------------------------------------------------------
+
+def test_twins_differ_only_in_do_not_specialize():
+    import moebench.kernels.fused_moe as fm
+    import moebench.kernels.gemm1 as g1
+
+    originals = {n: k for n, k in layer_kernels().items() if declared_do_not_specialize(k)}
+    assert {"_gemm1_swiglu", "_gemm2_combine", "_align_one_program"} <= set(originals)
+    with specialized() as twins:
+        assert set(twins) == set(originals)
+        for name, twin in twins.items():
+            assert declared_do_not_specialize(twin) == () and twin.fn is originals[name].fn
+            before, after = decorator_args(originals[name]), decorator_args(twin)
+            assert {k for k in before if before[k] != after[k]} == {"do_not_specialize"}
+        assert fm._gemm1_swiglu is twins["_gemm1_swiglu"] and g1._gemm1_swiglu is twins["_gemm1_swiglu"]
+    assert fm._gemm1_swiglu is originals["_gemm1_swiglu"] and g1._gemm1_swiglu is originals["_gemm1_swiglu"]
+
+
+def test_twins_are_the_kernels_launched():
+    """Inside the block the layer launches the twins (their pre-run hooks fire), never the originals."""
+    from moebench.kernels.fused_moe import fused_moe
+    from moebench.paths.triton_path import TritonPath
+    from moebench.problem import Problem, make_inputs, make_weights
+
+    shape, device = get_model("tiny"), "cpu" if interpreting() else "cuda"
+    weights = make_weights(shape, "fp16", 0, device)
+    originals = layer_kernels()
+    launched, stale = [], []
+    for k in originals.values():
+        k.add_pre_run_hook(lambda *a, **kw: stale.append(1))
+    try:
+        with specialized() as twins:
+            for name, twin in twins.items():
+                twin.add_pre_run_hook(lambda *a, _n=name, **kw: launched.append(_n))
+            for M in (3, 80):  # 6 slots: the one-program align; 160 slots: the count and scatter launches
+                problem = Problem(shape, M, "fp16")
+                x = make_inputs(problem, device, weights)
+                fused_moe(x.x, weights.w13, weights.w2, x.topk_weights, x.topk_ids,
+                          TritonPath().default_config(problem))
+    finally:
+        for k in originals.values():
+            k.pre_run_hooks.pop()
+    assert {"_align_one_program", "_count_kernel", "_scatter_kernel", "_gemm1_swiglu", "_gemm2_combine"} <= set(
+        launched)
+    assert not stale
+
+
+# ---- replay on the interpreter --------------------------------------------------------------------------
+
+def test_replay_writes_a_run_folder(tmp_path):
+    request = trace.TraceRequest(get_model("tiny"), "fp16", (1, 5, 1, 30, 2), "test", seed=0)
+    done = trace.run_trace(request, tmp_path, in_process=True)
+    rows = [json.loads(line) for line in (done.run_dir / "rows.jsonl").read_text().splitlines()]
+    meta = json.loads((done.run_dir / "meta.json").read_text())
+    assert done.run_dir.name.endswith("-trace-tiny-fp16")
+    assert [r["M"] for r in rows] == [1, 5, 1, 30, 2] and [r["i"] for r in rows] == list(range(5))
+    for r in rows:
+        assert set(trace.REQUEST_COLUMNS) <= set(r)
+        assert r["excess_ms"] == pytest.approx(r["latency_ms"] - r["warm_ms"]) and r["warm_ms"] > 0
+    if interpreting():  # the interpreter compiles nothing: nothing is counted
+        assert all(r["compiles"] is None and r["compile_kernels"] is None for r in rows)
+        assert meta["interpreter"] is True and meta["count_method"] == "interpreter"
+    else:  # request 2 repeats request 0's M (and config): every variant it needs is built
+        assert all(isinstance(r["compiles"], int) for r in rows) and rows[2]["compiles"] == 0
+        assert meta["count_method"] == "hooks"
+    assert meta["status"] == "complete" and meta["cache_mode"] == "cold" and meta["summary"]["requests"] == 5
+
+
+def test_command_replays_in_a_child_process(tmp_path):
+    result = CliRunner().invoke(trace_command, ["--model", "tiny", "--dtype", "fp16", "--requests", "2",
+                                                "--max-tokens", "8", "--out", str(tmp_path), "--no-progress",
+                                                "--format", "json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    meta = json.loads((tmp_path / out["run"].rsplit("/", 1)[-1] / "meta.json").read_text())
+    assert meta["process"] == "child (spawn)" and meta["status"] == "complete"
+    assert out["summary"]["requests"] == 2
+    if interpreting():
+        assert out["count_method"] == "interpreter" and "compiles nothing" in result.stderr
+    else:  # the child starts with empty caches: its first request builds the layer's kernels
+        assert out["count_method"] == "hooks" and out["summary"]["variants_compiled"] > 0
+        assert {"_gemm1_swiglu", "_gemm2_combine"} <= {e["kernel"] for e in out["events"]}
+
+
+def test_command_warmup_fills_the_cache_folder_first(tmp_path, monkeypatch):
+    calls = {}
+    fake = types.ModuleType("moebench.warmup")
+    fake.plan_for_model = lambda shape, dtype, configs_dir=None, ms=None: ("plan", shape.name, dtype)
+
+    def warm(plan, jobs, cache_dir=None):
+        calls.update(plan=plan, cache_dir=str(cache_dir))
+        return types.SimpleNamespace(configs=2, kernels=6, seconds=1.5, cache_dir=str(cache_dir), failures=[],
+                                     interpreter=True)
+    fake.warm = warm
+    monkeypatch.setitem(sys.modules, "moebench.warmup", fake)
+    monkeypatch.setattr(moebench, "warmup", fake, raising=False)  # where `from moebench import warmup` looks first
+    cache = tmp_path / "cache"
+    result = CliRunner().invoke(trace_command, ["--model", "tiny", "--dtype", "fp16", "--requests", "1",
+                                                "--max-tokens", "4", "--out", str(tmp_path),
+                                                "--no-progress", "--warmup", "--cache-dir", str(cache),
+                                                "--in-process", "--format", "csv", "--table", "requests"])
+    assert result.exit_code == 0, result.output
+    assert calls == {"plan": ("plan", "tiny", "fp16"), "cache_dir": str(cache.resolve())}
+    meta = json.loads(next(tmp_path.glob("*-trace-*/meta.json")).read_text())
+    assert meta["cache_mode"] == "warmup" and meta["warmup"]["kernels"] == 6
+    assert result.stdout.splitlines()[0] == ",".join(trace.REQUEST_COLUMNS)
+
+
+@pytest.mark.parametrize("args, message, interpreter_only", [
+    (["--model", "deepseek-v3"], "tiny shapes only", True),
+    (["--model", "tiny", "--csv", "missing.csv"], "cannot read", False),
+    (["--model", "tiny", "--dtype", "bf16"], "bf16", True),  # the interpreter's bf16 dot is wrong
+])
+def test_command_refuses_before_writing(tmp_path, args, message, interpreter_only):
+    if interpreter_only and not interpreting():
+        pytest.skip("a refusal of the interpreter")
+    result = CliRunner().invoke(trace_command, [*args, "--out", str(tmp_path / "out"), "--no-progress"])
+    assert isinstance(result.exception, UserError) and message in str(result.exception)
+    assert not (tmp_path / "out").exists()
+
+
+def test_cache_env_is_restored(monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/before")
+    with jit_watch.cache_dir_env("/during"):
+        assert jit_watch.triton_cache_dir().as_posix() == "/during"
+    assert jit_watch.triton_cache_dir().as_posix() == "/before"
