@@ -94,7 +94,7 @@ def cli() -> None:
               help="Where the run folder is created.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS),
               help="Printed output.")
-@click.option("--table", "which", type=click.Choice(TABLES), default=None,
+@click.option("--table", "which", type=click.Choice(TABLES[:2]), default=None,
               help="Print only this table (csv prints one table: throughput unless this says ttft).")
 @click.option("--tune", is_flag=True, help="Try the tile-config candidates for the triton path (a row each).")
 @click.option("--configs", "configs_dir", type=click.Path(path_type=Path), default=None,

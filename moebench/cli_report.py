@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 FORMATS = ("table", "csv", "json")
-TABLES = ("throughput", "ttft")
+TABLES = ("throughput", "ttft", "cold_start")
 
 
 def _cli():
@@ -29,10 +29,10 @@ def load_runs(paths):
     return loaded
 
 
-def print_tables(df, fmt: str, out, which: str | None = None) -> None:
-    """The throughput table (for an interpreter run: its check against the fp32 reference) and, for GPU
-    rows at prefill-sized M, the TTFT table; ``which`` keeps one. CSV is always one table (throughput
-    unless ``which`` says ttft); JSON holds the tables under their names."""
+def print_tables(df, fmt: str, out, which: str | None = None, traces=()) -> None:
+    """The throughput table (for an interpreter run: its check against the fp32 reference), for GPU rows at
+    prefill-sized M the TTFT table, and for trace runs the cold-start table; ``which`` keeps one. CSV is
+    always one table (throughput unless ``which`` says another); JSON holds the tables under their names."""
     import json
 
     from rich.text import Text
@@ -40,15 +40,22 @@ def print_tables(df, fmt: str, out, which: str | None = None) -> None:
     from moebench import report
 
     tables = {"throughput": report.throughput_table(df), "ttft": report.prefill_ttft_table(df)}
+    if traces:
+        tables["cold_start"] = report.cold_start_table(traces)
     if which:
+        if which not in tables:
+            from moebench.errors import UserError
+
+            raise UserError(f"--table {which}: no run named has that table (it needs a trace run folder)")
         tables = {which: tables[which]}
     if fmt == "table":
         titles = {"throughput": "Correctness (CPU interpreter)" if report.is_interpreter_run(df)
-                  else "Throughput (MoE layer)", "ttft": "MoE share of time-to-first-token"}
+                  else "Throughput (MoE layer)", "ttft": "MoE share of time-to-first-token",
+                  "cold_start": "Cold start of the MoE kernels (trace)"}
         for name, table in tables.items():
-            if len(table) or which:
+            if len(table) or which or (name == "throughput" and not traces):
                 report.render(table, "table", titles[name], console=out)
-        for _, r in df[df["status"] != "ok"].iterrows():
+        for _, r in df[df["status"] != "ok"].iterrows() if len(df) else ():
             line = Text(str(r["status"]), style="yellow")
             line.append(f": {r['model']} {r['dtype']} M={r['M']} {r['path']}: {r['error']}")
             out.print(line)
@@ -63,7 +70,8 @@ def print_tables(df, fmt: str, out, which: str | None = None) -> None:
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--table", "which", type=click.Choice(TABLES), default=None,
-              help="Print only this table (csv prints one table: throughput unless this says ttft).")
+              help="Print only this table (csv prints one table: throughput unless this names another; "
+                   "cold_start needs a trace run folder).")
 @click.option("--gains", is_flag=True,
               help="Instead: per triton point, best config and the Swap-AB, fp8 and vs-cutlass gains (and the "
                    "git commit of its run, where the runs named differ). GPU runs only.")
@@ -83,7 +91,7 @@ def report(runs, fmt, which, gains, html_out):
         write_html(loaded, html_out)
         _cli()._note(f"report page: {html_out}")
     if not gains:
-        print_tables(df, fmt, _cli()._console(), which)
+        print_tables(df, fmt, _cli()._console(), which, loaded.traces)
         return
     if rep.is_interpreter_run(df):
         raise UserError("--gains sets GPU timings side by side; these rows come from the CPU interpreter, whose "

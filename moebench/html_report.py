@@ -239,9 +239,14 @@ def _caption(table: pd.DataFrame) -> str:
 
 def _tables(runs: Runs, tuned: pd.DataFrame | None) -> str:
     df = runs.rows
-    out = []
+    cold = []
+    if runs.traces:
+        table = report.cold_start_table(runs.traces)
+        cold = ["<h3>Cold start of the MoE kernels (trace)</h3>", f'<p class="note">{_e(table.attrs["caption"])}</p>',
+                table_html(table)]
     if df.empty:
-        return "<p>No rows.</p>"
+        return "\n".join(cold) or "<p>No rows.</p>"
+    out = []
     through = report.throughput_table(df)
     title = "Correctness (CPU interpreter)" if report.is_interpreter_run(df) else "Throughput (MoE layer)"
     out += [f"<h3>{_e(title)}</h3>", table_html(through), _caption(through)]
@@ -264,7 +269,7 @@ def _tables(runs: Runs, tuned: pd.DataFrame | None) -> str:
         out += ["<h3>Tuned configs</h3>",
                 '<p class="note">From the tune runs\' best configs: the chosen config\'s time beside the '
                 "default config's, and the speedup (default / chosen).</p>", table_html(tuned)]
-    return "\n".join(out)
+    return "\n".join(out + cold)
 
 
 def _failures(df: pd.DataFrame) -> str:

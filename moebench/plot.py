@@ -28,6 +28,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, NullLoc
 
 from moebench import report
 from moebench.errors import UserError
+from moebench.plot_trace import trace_chart
 from moebench.runs import Run, Runs
 
 BEST_FILE = "best.json"  # what a tune writes (moebench.tune.run.BEST_FILE; that module loads torch)
@@ -110,7 +111,8 @@ def _positive(v: object) -> float:
 # ---- the charts ------------------------------------------------------------------------------------------
 
 def charts(runs: Runs) -> list[Chart]:
-    """The charts ``runs`` has data for, in a fixed order: time, floor, gains, tuned, ttft, check."""
+    """The charts ``runs`` has data for, in a fixed order: time, floor, gains, tuned, ttft, check, compiles
+    (``plot_trace``: the compile events of trace runs)."""
     df = runs.rows
     if "status" not in df.columns:
         df = pd.DataFrame(columns=["status", "interpreter"])
@@ -135,6 +137,7 @@ def charts(runs: Runs) -> list[Chart]:
                                xlabel="prompt length (tokens, log scale)"))
     if len(cpu):
         out.append(_check_chart(report.throughput_table(cpu), cpu_runs))
+    out.append(trace_chart(runs))
     return [c for c in out if c is not None]
 
 

@@ -158,6 +158,32 @@ def ttft_table(df: pd.DataFrame, prompt_lens: list[int] | None = None) -> pd.Dat
     return out
 
 
+COLD_START_COLUMNS = ["model", "dtype", "cache", "requests", "distinct_m", "variants_compiled",
+                      "compiles_after_20", "latency_p99_ms", "warm_p99_ms", "total_excess_s", "run"]
+COLD_START_NOTE = ("cold start, from `moebench trace`: one MoE layer's first call per request minus the same "
+                   "request replayed warm: compilation, loading from Triton's disk cache and first launches of "
+                   "the MoE kernels on one GPU. A model's MoE layers share these kernels, so this is paid once, "
+                   "not per layer; it excludes the rest of the model's kernels.")
+
+
+def cold_start_table(traces: list) -> pd.DataFrame:
+    """Per trace run (``runs.Run`` of kind "trace"): its cache mode and the summary of its requests
+    (``trace.summarize`` of the rows, so the table and the trace's own output agree)."""
+    from moebench.trace import summarize
+
+    records = []
+    for run in traces:
+        m = run.meta
+        cache = m.get("cache_mode", "?") + (", specialized" if m.get("specialize") else "")
+        summary = summarize(run.rows.to_dict("records"))
+        records.append({"model": m.get("model"), "dtype": m.get("dtype"), "cache": cache, "run": run.label,
+                        **{k: summary.get(k) for k in COLD_START_COLUMNS if k in summary}})
+    out = pd.DataFrame(records, columns=COLD_START_COLUMNS)
+    interp = any(run.meta.get("interpreter") for run in traces)
+    out.attrs["caption"] = (INTERPRETER_CAPTION + "; the interpreter compiles nothing") if interp else COLD_START_NOTE
+    return out
+
+
 GAINS_COLUMNS = ["model", "dtype", "M", "time_us", "pct_of_floor", "config", "swap_gain", "fp8_gain",
                  "vs_cutlass"]
 

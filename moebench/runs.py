@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from moebench.errors import UserError
-from moebench.results import META_FILE, ROWS_FILE, load_run, schema_warning, status_warning
+from moebench.results import META_FILE, ROW_COLUMNS, ROWS_FILE, _read_rows, load_run, schema_warning, status_warning
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,11 @@ class Run:
     @property
     def label(self) -> str:
         return self.path.name
+
+    @property
+    def kind(self) -> str:
+        """"trace" for a ``moebench trace`` folder (a row per request), else "sweep" (sweeps and tunes)."""
+        return "trace" if self.meta.get("kind") == "trace" else "sweep"
 
     @property
     def interpreter(self) -> bool:
@@ -46,9 +51,15 @@ class Runs:
     warnings: tuple[str, ...] = field(default=())
 
     @property
+    def traces(self) -> list[Run]:
+        """The trace runs (``moebench trace``): their rows are requests, kept apart from the benchmark rows."""
+        return [r for r in self.runs if r.kind == "trace"]
+
+    @property
     def rows(self) -> pd.DataFrame:
-        frames = [r.rows for r in self.runs]
-        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        """The benchmark rows of every sweep and tune run (trace runs' requests are in ``traces``)."""
+        frames = [r.rows for r in self.runs if r.kind != "trace"]
+        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*ROW_COLUMNS, "run", "commit"])
         df.attrs["warnings"] = list(self.warnings)
         return df
 
@@ -115,6 +126,10 @@ def run_folders(path: Path) -> list[Path]:
 def load_one(path: Path) -> tuple[Run, list[str]]:
     """A run folder as a ``Run`` and the warnings to show with it (schema, status, a torn last row)."""
     meta, df = load_run(path)
+    if meta.get("kind") == "trace":  # a row per request, not the benchmark's columns
+        records, torn = _read_rows(Path(path) / ROWS_FILE)
+        df = pd.DataFrame(records)
+        df.attrs["warnings"] = torn
     warnings = [w for w in (schema_warning(meta, str(path)), status_warning(meta, str(path), len(df))) if w]
     warnings += df.attrs.get("warnings", [])
     df = df.assign(run=Path(path).name, commit=meta.get("git_commit"))
