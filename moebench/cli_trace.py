@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from moebench.cli_shape import one_shape, shape_options
 from moebench.errors import UserError
 
 FORMATS = ("table", "csv", "json")
@@ -36,14 +37,7 @@ def _summary_for_people(summary: dict):
 
 
 @click.command("trace")
-@click.option("--model", default=None, help="A preset (see `moebench models`). [default without a GPU: tiny]")
-@click.option("--hf-config", type=click.Path(path_type=Path), default=None, help="A Hugging Face config.json.")
-@click.option("--experts", type=int, default=None, help="Explicit shape: routed experts.")
-@click.option("--hidden", type=int, default=None, help="Explicit shape: hidden size.")
-@click.option("--intermediate", type=int, default=None, help="Explicit shape: per-expert intermediate size.")
-@click.option("--topk", type=int, default=None, help="Top-k. [default: the model's]")
-@click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree: divides the intermediate size.")
-@click.option("--ep", default=1, show_default=True, help="Expert-parallel degree: divides the experts.")
+@shape_options("A preset (see `moebench models`). [default without a GPU: tiny]")
 @click.option("--dtype", default=None, help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128. "
                                             "[default: bf16; without a GPU fp16]")
 @click.option("--dist", default="lognormal", show_default=True, type=click.Choice(["lognormal", "uniform",
@@ -93,7 +87,6 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     from moebench import trace as tr
     from moebench._interpret import interpreting
     from moebench.cli import _console, _emit, _note, _progress
-    from moebench.cli_tune import _shape
     from moebench.lookup import check_dir
     from moebench.results import ensure_out_dir, stop_on_sigterm
 
@@ -103,7 +96,7 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
             raise UserError("trace one shape: give --model, --hf-config, or --experts with --hidden and "
                             "--intermediate")
         model = "tiny"
-    shape = _shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep)
+    shape = one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep, "trace")
     weights = 3 * shape.experts * shape.hidden * shape.intermediate
     if interpreter and weights > INTERPRETER_MAX_WEIGHTS:
         raise UserError(f"without a GPU the interpreter replays tiny shapes only: {shape.name} has {weights:,} "

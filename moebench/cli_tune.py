@@ -7,47 +7,10 @@ from pathlib import Path
 
 import click
 
+from moebench.cli_shape import one_shape, shape_options, token_counts
 from moebench.errors import UserError
 
 FORMATS = ("table", "csv", "json")
-
-
-def _shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep):
-    """The one MoE shape a tune is for: a preset, a config.json, or explicit sizes; then sharded."""
-    from moebench.models import from_hf_config, get_model, shard
-    from moebench.spec import explicit_shape
-
-    explicit = [v is not None for v in (experts, hidden, intermediate)]
-    given = [model is not None, hf_config is not None, any(explicit)]
-    if sum(given) != 1:
-        raise UserError("tune one shape: give --model, --hf-config, or --experts with --hidden and --intermediate")
-    if any(explicit) and not all(explicit):
-        raise UserError("an explicit shape needs --experts, --hidden and --intermediate (and --topk)")
-    if model is not None:
-        shape = get_model(model)
-    elif hf_config is not None:
-        shape = from_hf_config(hf_config)
-    else:
-        shape = explicit_shape(experts, hidden, intermediate, topk or 2)
-    if topk is not None and topk != shape.topk:
-        from dataclasses import replace
-
-        shape = replace(shape, topk=topk, name=f"{shape.name}-top{topk}")
-    return shard(shape, tp=tp, ep=ep)
-
-
-def _ms(text: str | None) -> tuple[int, ...]:
-    from moebench.tune.run import VLLM_MS
-
-    if text is None:
-        return VLLM_MS
-    try:
-        ms = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
-    except ValueError:
-        raise UserError(f"--m {text!r}: expected token counts, e.g. 1,16,128") from None
-    if not ms or ms[0] < 1:
-        raise UserError(f"--m {text!r}: token counts must be positive")
-    return ms
 
 
 def _options(pairs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
@@ -81,14 +44,7 @@ def summary_rows(result) -> list[dict]:
 
 
 @click.command()
-@click.option("--model", default=None, help="A preset (see `moebench models`).")
-@click.option("--hf-config", type=click.Path(path_type=Path), default=None, help="A Hugging Face config.json.")
-@click.option("--experts", type=int, default=None, help="Explicit shape: routed experts.")
-@click.option("--hidden", type=int, default=None, help="Explicit shape: hidden size.")
-@click.option("--intermediate", type=int, default=None, help="Explicit shape: per-expert intermediate size.")
-@click.option("--topk", type=int, default=None, help="Top-k. [default: the model's]")
-@click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree: divides the intermediate size.")
-@click.option("--ep", default=1, show_default=True, help="Expert-parallel degree: divides the experts.")
+@shape_options()
 @click.option("--dtype", default=None, help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128. "
                                             "[default: bf16; without a GPU fp16]")
 @click.option("--path", "path_name", default="triton-classic", show_default=True,
@@ -132,9 +88,9 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     from moebench.tune.run import TuneRequest
     from moebench.tune.run import tune as run_tune
 
-    shape = _shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep)
+    shape = one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep)
     interpreter = interpreting()
-    request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name, _ms(ms), strategy,
+    request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name, token_counts(ms), strategy,
                           _options(options), seed=seed, prune=not no_prune)
     ensure_out_dir(out_dir)
     from rich.progress import (

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from moebench.cli_shape import one_shape, shape_options, token_counts
 from moebench.errors import UserError
 
 FORMATS = ("text", "json")
@@ -15,7 +16,6 @@ FORMATS = ("text", "json")
 def _plan(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, configs_dir, ms):
     """The plan from a table file, or from one shape (a preset, a config.json, or explicit sizes) and a dtype."""
     from moebench import warmup
-    from moebench.cli_tune import _ms, _shape
 
     shape_given = any(v is not None for v in (model, hf_config, experts, hidden, intermediate, topk))
     if table is not None:
@@ -31,8 +31,8 @@ def _plan(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep, 
                         "--intermediate")
     if dtype is None:
         raise UserError("give --dtype: tables are per dtype (bf16, fp16, fp32, fp8-tensor, ...)")
-    shape = _shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep)
-    return warmup.plan_for_model(shape, dtype, configs_dir, _ms(ms) if ms is not None else None)
+    shape = one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep, "warm")
+    return warmup.plan_for_model(shape, dtype, configs_dir, token_counts(ms) if ms is not None else None)
 
 
 def summary_line(plan, report) -> str:
@@ -46,14 +46,7 @@ def summary_line(plan, report) -> str:
 @click.command()
 @click.option("--table", type=click.Path(path_type=Path), default=None,
               help="A moebench table file (export-configs --layout moebench): every config in it, on its shape.")
-@click.option("--model", default=None, help="A preset (see `moebench models`).")
-@click.option("--hf-config", type=click.Path(path_type=Path), default=None, help="A Hugging Face config.json.")
-@click.option("--experts", type=int, default=None, help="Explicit shape: routed experts.")
-@click.option("--hidden", type=int, default=None, help="Explicit shape: hidden size.")
-@click.option("--intermediate", type=int, default=None, help="Explicit shape: per-expert intermediate size.")
-@click.option("--topk", type=int, default=None, help="Top-k. [default: the model's]")
-@click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree: divides the intermediate size.")
-@click.option("--ep", default=1, show_default=True, help="Expert-parallel degree: divides the experts.")
+@shape_options()
 @click.option("--dtype", default=None, help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128 (with a shape).")
 @click.option("--configs", "configs_dir", type=click.Path(path_type=Path), default=None,
               help="A folder of moebench tables looked in before $MOEBENCH_CONFIGS and the shipped tables.")
