@@ -81,34 +81,6 @@ def cached_variants(kernel) -> int | None:
     return total
 
 
-def triton_cache_dir() -> Path:
-    """Where Triton keeps compiled kernels now: TRITON_CACHE_DIR, else Triton's own default."""
-    if env := os.environ.get("TRITON_CACHE_DIR"):
-        return Path(env)
-    try:
-        from triton import knobs
-
-        return Path(knobs.cache.dir)
-    except (ImportError, AttributeError):
-        return Path.home() / ".triton" / "cache"
-
-
-@contextmanager
-def cache_dir_env(cache_dir: Path | str | None) -> Iterator[None]:
-    """TRITON_CACHE_DIR set to ``cache_dir`` (where given) within the block, as it was after. Triton reads it
-    when it looks a kernel up, so it must be set before the first compile."""
-    previous = os.environ.get("TRITON_CACHE_DIR")
-    if cache_dir is not None:
-        os.environ["TRITON_CACHE_DIR"] = str(cache_dir)
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
-        else:
-            os.environ["TRITON_CACHE_DIR"] = previous
-
-
 def _entries(folder: Path | None) -> set[str]:
     try:
         return set(os.listdir(folder)) if folder is not None else set()

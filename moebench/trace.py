@@ -137,10 +137,12 @@ def replay(shape: MoEShape, dtype: str, counts: list[int], configs_dir: Path | s
 
     from moebench import lookup
     from moebench.environment import device_name
-    from moebench.jit_watch import CompileWatch, cache_dir_env, specialized, triton_cache_dir
+    from moebench.jit_watch import CompileWatch, specialized
     from moebench.paths import Target
     from moebench.paths.triton_path import TritonPath
     from moebench.problem import Problem, make_inputs, make_weights
+    from moebench.triton_cache import cache_dir as triton_cache_dir
+    from moebench.triton_cache import cache_dir_env
 
     started = time.perf_counter()
     target, path, device = Target.current(), TritonPath(), device_name()
@@ -367,7 +369,7 @@ def _replay_child(request: TraceRequest, cache_dir: Path, keep: Callable[[dict],
     import multiprocessing
     import queue
 
-    from moebench.jit_watch import cache_dir_env
+    from moebench.triton_cache import cache_dir_env
 
     spawn = multiprocessing.get_context("spawn")
     messages = spawn.Queue()

@@ -19,20 +19,20 @@ reports ``interpreter=True``.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from moebench import triton_cache
 from moebench._interpret import interpreting  # first: it turns on the interpreter before Triton is imported
 from moebench.errors import UserError
 from moebench.models import MoEShape
 from moebench.tile import TileConfig
+from moebench.triton_cache import cache_dir_env, kernel_entries
 
 PATH = "triton"  # the path whose kernels moebench's tables configure
-CACHE_ENV = "TRITON_CACHE_DIR"
 # LaunchPlan fields that only size grids or are do_not_specialize arguments: they change with M and
 # compile nothing new. A field added to LaunchPlan is part of the key until it is named here.
 _COUNTS = ("slots", "max_blocks", "grid1", "grid2")
@@ -168,48 +168,6 @@ def plan_for_model(shape: MoEShape, dtype: str, configs_dir: Path | str | None =
     return WarmupPlan((shape,), dtype, label, items, dropped)
 
 
-def triton_cache_dir() -> Path:
-    """Where Triton caches compiled kernels: $TRITON_CACHE_DIR, else Triton's own default
-    (``triton.knobs.cache.dir``: $TRITON_HOME/.triton/cache), else ~/.triton/cache."""
-    if env := os.environ.get(CACHE_ENV):
-        return Path(env)
-    try:
-        from triton import knobs
-
-        return Path(knobs.cache.dir)
-    except (ImportError, AttributeError):
-        return Path.home() / ".triton" / "cache"
-
-
-def kernel_entries(cache_dir: Path) -> frozenset[str]:
-    """The compiled kernels in a Triton cache folder, as paths relative to it. Triton writes each kernel
-    into a folder of its own (its hash), holding the kernel's metadata ``<name>.json``, its binaries and
-    IRs, and ``__grp__<name>.json`` naming them; other folders hold launchers and libraries without a
-    metadata file. Autotuner results (``*.autotune.json``) are not kernels."""
-    if not cache_dir.is_dir():
-        return frozenset()
-    return frozenset(
-        str(p.relative_to(cache_dir)) for p in cache_dir.glob("*/*.json")
-        if not p.name.startswith("__grp__") and not p.name.endswith(".autotune.json"))
-
-
-@contextmanager
-def _cache_env(cache_dir: Path | None) -> Iterator[None]:
-    """TRITON_CACHE_DIR set to ``cache_dir`` (where given) while workers start and compile, then as it was."""
-    if cache_dir is None:
-        yield
-        return
-    before = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(cache_dir)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(CACHE_ENV, None)
-        else:
-            os.environ[CACHE_ENV] = before
-
-
 def warm(plan: WarmupPlan, jobs: int, cache_dir: Path | None = None,
          on_progress: Progress | None = None) -> WarmupReport:
     """Run every (shape, M, config) of ``plan`` once in up to ``jobs`` worker processes (0: in this one),
@@ -218,8 +176,8 @@ def warm(plan: WarmupPlan, jobs: int, cache_dir: Path | None = None,
     if cache_dir is not None:
         cache_dir = Path(cache_dir)
         cache_dir.mkdir(parents=True, exist_ok=True)
-    with _cache_env(cache_dir):
-        where = triton_cache_dir()
+    with cache_dir_env(cache_dir):
+        where = triton_cache.cache_dir()
         before = kernel_entries(where)
         errors = _run_all(plan, jobs, on_progress or (lambda what, done, total: None))
         gained = kernel_entries(where) - before

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import moebench
-from moebench import jit_watch, trace
+from moebench import trace, triton_cache
 from moebench._interpret import interpreting
 from moebench.cli_trace import trace as trace_command
 from moebench.errors import UserError
@@ -292,6 +292,6 @@ def test_command_refuses_before_writing(tmp_path, args, message, interpreter_onl
 
 def test_cache_env_is_restored(monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", "/before")
-    with jit_watch.cache_dir_env("/during"):
-        assert jit_watch.triton_cache_dir().as_posix() == "/during"
-    assert jit_watch.triton_cache_dir().as_posix() == "/before"
+    with triton_cache.cache_dir_env("/during"):
+        assert triton_cache.cache_dir().as_posix() == "/during"
+    assert triton_cache.cache_dir().as_posix() == "/before"

@@ -26,7 +26,8 @@ from moebench.paths import get_path
 from moebench.problem import Problem
 from moebench.tables import TableMeta, table_file_name, write_table
 from moebench.tile import TileConfig
-from moebench.warmup import CACHE_ENV, kernel_entries, launch_key, plan_for_model, plan_for_table, warm
+from moebench.triton_cache import CACHE_ENV, kernel_entries
+from moebench.warmup import launch_key, plan_for_model, plan_for_table, warm
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = get_model("tiny")  # E=8, hidden 128, I=64, topk 2
