@@ -36,6 +36,8 @@ BASELINE ?= results/baselines/h200-quick-d62257d
 GATE_PCT ?= 5
 GATE_OUT ?= results/gate
 gate: install
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 2)" || \
+		{ echo "make gate: no CUDA GPU here; the baseline is an H200 run" >&2; exit 2; }
 	rm -rf $(GATE_OUT)
 	$(PY) -m moebench sweep quick --out $(GATE_OUT) --no-progress
 	$(PY) -m moebench compare $(BASELINE) $(GATE_OUT) --fail-slower $(GATE_PCT)
