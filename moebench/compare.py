@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from moebench.errors import UserError
+from moebench.report import interpreter_rows
 
 KEY = ("model", "experts", "hidden", "intermediate", "topk", "M", "dtype", "path")
 COMPARE_COLUMNS = [*KEY, "base_us", "new_us", "ratio", "noise", "verdict"]
@@ -28,16 +29,9 @@ CHECK_VERDICTS = {(True, True): "CORRECT", (True, False): "BROKEN", (False, True
                   (False, False): "INCORRECT"}
 
 
-def interpreter_flags(df: pd.DataFrame) -> pd.Series:
-    """Per row: True where it came from the CPU interpreter (a missing flag counts as GPU)."""
-    if "interpreter" not in df.columns:
-        return pd.Series(False, index=df.index)
-    return df["interpreter"].map(lambda v: bool(v) if v is not None and not pd.isna(v) else False)
-
-
 def _run_kind(df: pd.DataFrame, label: str) -> str | None:
     """'interpreter', 'gpu', or None for a run with no rows; a run that mixes both is a UserError."""
-    flags = interpreter_flags(df)
+    flags = interpreter_rows(df)
     if flags.empty:
         return None
     if flags.all():
@@ -61,14 +55,15 @@ def check_comparable(base: pd.DataFrame, new: pd.DataFrame) -> None:
     kinds = {"base": _run_kind(base, "base"), "new": _run_kind(new, "new")}
     if None not in kinds.values() and kinds["base"] != kinds["new"]:
         interp, gpu = ("base", "new") if kinds["base"] == "interpreter" else ("new", "base")
-        gpu_names = ", ".join(_devices(new if gpu == "new" else base)) or "a GPU"
+        gpu_names = ", ".join(devices(new if gpu == "new" else base)) or "a GPU"
         raise UserError(
             f"cannot compare speed: the {interp} run used the CPU interpreter and the {gpu} run {gpu_names}; "
             "interpreter timings are not GPU performance"
         )
 
 
-def _devices(df: pd.DataFrame) -> list[str]:
+def devices(df: pd.DataFrame) -> list[str]:
+    """The device names the rows ran on, sorted."""
     if "device_name" not in df.columns:
         return []
     return sorted({str(d) for d in df["device_name"] if d is not None and not pd.isna(d)})
@@ -81,7 +76,7 @@ def device_mismatch(base: pd.DataFrame, new: pd.DataFrame) -> str | None:
     """
     if {_run_kind(base, "base"), _run_kind(new, "new")} == {"interpreter", "gpu"}:
         return None
-    b, n = _devices(base), _devices(new)
+    b, n = devices(base), devices(new)
     if not b or not n or b == n:
         return None
     return (
@@ -168,6 +163,11 @@ def point_correct(df: pd.DataFrame, key: list[str]) -> pd.DataFrame:
     return good.groupby([checked[k] for k in key], sort=False).all().rename("correct").reset_index()
 
 
+def check_verdicts(base_correct, new_correct) -> list[str]:
+    """CHECK_VERDICTS of each pair: whether the base passed its check, whether the new (or variant) did."""
+    return [CHECK_VERDICTS[(bool(b), bool(n))] for b, n in zip(base_correct, new_correct)]
+
+
 def check_table(base: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     """Interpreter runs: per point both ran, whether each side passed its check and a verdict
     (CHECK_VERDICTS: CORRECT, BROKEN, FIXED, INCORRECT). No speed is compared."""
@@ -175,7 +175,7 @@ def check_table(base: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     b, n = point_correct(base, key), point_correct(new, key)
     out = b.merge(n, on=key, how="inner", suffixes=("_b", "_n"))
     out["base_correct"], out["new_correct"] = out["correct_b"].astype(bool), out["correct_n"].astype(bool)
-    out["verdict"] = [CHECK_VERDICTS[(x, y)] for x, y in zip(out["base_correct"], out["new_correct"])]
+    out["verdict"] = check_verdicts(out["base_correct"], out["new_correct"])
     return out.sort_values(key, kind="stable")[CHECK_COLUMNS].reset_index(drop=True)
 
 

@@ -14,10 +14,10 @@ import pandas as pd
 
 from moebench.compare import (
     KEY,
-    _devices,
     check_comparable,
     check_table,
     compare_runs,
+    devices,
     is_interpreter,
     point_label,
     point_times,
@@ -43,7 +43,7 @@ def _points(df: pd.DataFrame) -> set[tuple]:
 def check_same_problems(base: pd.DataFrame, new: pd.DataFrame) -> None:
     """UserError where the runs ran on different GPUs or the current run lacks points of the baseline."""
     check_comparable(base, new)
-    b_dev, n_dev = _devices(base), _devices(new)
+    b_dev, n_dev = devices(base), devices(new)
     if not is_interpreter(base) and b_dev and n_dev and b_dev != n_dev:
         raise UserError(f"the baseline ran on {', '.join(b_dev)} and the current run on {', '.join(n_dev)}: "
                         "a gate compares runs of one GPU model")

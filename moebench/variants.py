@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import pandas as pd
 
-from moebench.compare import KEY, combined_noise, is_interpreter, judge, point_correct, point_times
+from moebench.compare import (
+    KEY,
+    check_verdicts,
+    combined_noise,
+    is_interpreter,
+    judge,
+    point_correct,
+    point_times,
+)
 from moebench.errors import UserError
 
 # What can be compared, and the variant the others are set against by default.
@@ -64,13 +72,11 @@ def compare_within(df: pd.DataFrame, by: str, base: str | None = None, min_thres
 
 
 def _check_within(rows: pd.DataFrame, point: list[str], group: list[str], base: str) -> pd.DataFrame:
-    from moebench.compare import CHECK_VERDICTS
-
     good = point_correct(rows, group)
     b = good[good["_variant"] == base].drop(columns="_variant")
     v = good[good["_variant"] != base].rename(columns={"_variant": "variant"})
     out = v.merge(b, on=point, how="inner", suffixes=("_v", "_b")).assign(base=base)
     out["base_correct"], out["variant_correct"] = out["correct_b"].astype(bool), out["correct_v"].astype(bool)
-    out["verdict"] = [CHECK_VERDICTS[(x, y)] for x, y in zip(out["base_correct"], out["variant_correct"])]
+    out["verdict"] = check_verdicts(out["base_correct"], out["variant_correct"])
     columns = [*point, "base", "variant", "base_correct", "variant_correct", "verdict"]
     return out.sort_values([*point, "variant"], kind="stable")[columns].reset_index(drop=True)
