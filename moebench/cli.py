@@ -21,6 +21,7 @@ from moebench.cli_report import report as report_command
 from moebench.cli_trace import trace as trace_command
 from moebench.cli_tune import export_configs as export_configs_command
 from moebench.cli_tune import tune as tune_command
+from moebench.cli_tune import tune_tables as tune_tables_command
 from moebench.cli_warmup import warmup as warmup_command
 from moebench.errors import UserError, os_error_line
 
@@ -314,6 +315,7 @@ cli.add_command(report_command)
 cli.add_command(compare_command)
 cli.add_command(plot_command)
 cli.add_command(tune_command)
+cli.add_command(tune_tables_command)
 cli.add_command(warmup_command)
 cli.add_command(trace_command)
 cli.add_command(export_configs_command)

@@ -197,3 +197,66 @@ def export_configs(run, out_dir, layout, engine_triton):
         click.echo(str(p))
     if done.env_line:
         click.echo(done.env_line)
+
+
+@click.command("tune-tables")
+@click.option("--model", "models", multiple=True, help="Only this preset (repeatable). [default: every served one]")
+@click.option("--dtype", "dtypes", multiple=True, help="Only this dtype (repeatable).")
+@click.option("--list", "list_only", is_flag=True, help="Print the served shapes and dtypes, then exit.")
+@click.option("--m", "ms", default=None, help="Token counts, comma list. [default: vLLM's 18: 1,2,4,...,3072,4096]")
+@click.option("--into", "into", default=Path("configs"), show_default=True, type=click.Path(path_type=Path),
+              help="Folder the tables are written into (moebench/shipped_tables for the package's own).")
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+              help="Where the tunes' run folders are created.")
+@click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
+@click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
+              help="Processes that compile and first-run configs. [default: cores - 1, at most 12]")
+@click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
+def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs, progress):
+    """Tune moebench's kernel for each preset at the TP degree and dtypes it is served in, and write the
+    tables the triton path looks up (`moebench tune --path triton`, then `export-configs --layout moebench`,
+    per entry). A stopped run resumes where it stopped. `--list` shows the entries and why each is served so.
+    """
+    import time
+
+    from moebench._interpret import interpreting
+    from moebench.cli import _console, _note
+    from moebench.results import ensure_out_dir
+    from moebench.served import OPTIONS, select
+    from moebench.served import tune_tables as run_all
+
+    entries = select(models, dtypes)
+    if list_only:
+        from rich.table import Table
+
+        table = Table(title="served shapes and dtypes")
+        for col in ("model", "tp", "dtype", "why"):
+            table.add_column(col)
+        for e in entries:
+            table.add_row(e.model, str(e.tp), e.dtype, e.why)
+        _console().print(table)
+        return
+    if interpreting():
+        raise UserError("tune-tables times GPU kernels and there is no CUDA GPU here (--list shows the entries)")
+    ensure_out_dir(out_dir)
+    started = time.monotonic()
+    options = " ".join(f"{k}={v}" for k, v in OPTIONS)
+    _note(f"{len(entries)} table(s), fast strategy with {options}")
+
+    def begin(i, entry) -> None:
+        if progress:
+            _note(f"[{i + 1}/{len(entries)}] tuning {entry.name} ({time.monotonic() - started:.0f} s so far)")
+
+    def end(t) -> None:
+        if t.error:
+            _note(f"{t.entry.name}: not tuned: {t.error}", "yellow")
+        for f in t.files:
+            click.echo(str(f))
+
+    done = run_all(entries, out_dir, into, token_counts(ms), {"gpus": gpus, "compile_jobs": compile_jobs},
+                   on_entry=begin, on_done=end)
+    tuned = sum(1 for t in done if t.files)
+    _note(f"{tuned} of {len(done)} table(s) written into {into} in {time.monotonic() - started:.0f} s; "
+          f"use them: export MOEBENCH_CONFIGS={into.resolve()}")
+    if tuned < len(done):
+        raise SystemExit(1)

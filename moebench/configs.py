@@ -217,9 +217,14 @@ def _tile(config: Mapping, path: str) -> TileConfig:
     return TileConfig.from_dict(dict(config))
 
 
+PICK_PHASES = ("default", "final")  # a tune's re-timings, most comparable first (see timed_rows)
+
+
 def timed_rows(df: pd.DataFrame, path: str = ENGINE_PATH) -> pd.DataFrame:
     """The rows of ``path`` that can pick a config: status ok, not found incorrect, a config and a time; at a
-    (table, M) that has rows of phase "final" (the re-timings of a tune's best candidates), only those.
+    (table, M) that has rows of phase "default" (a tune's choice and the path's default re-timed back to
+    back), only those, so a table never holds a config slower than the default beside it; else of phase
+    "final" (the re-timings of a tune's best candidates), only those.
 
     Adds ``_tile`` (the row's TileConfig as the path ran it) and ``_table`` (its key in ``best_configs``'
     result). Rows from the CPU interpreter are refused (UserError): their timings say nothing about which
@@ -233,9 +238,10 @@ def timed_rows(df: pd.DataFrame, path: str = ENGINE_PATH) -> pd.DataFrame:
         return rows.assign(_tile=None, _table=None)
     if "interpreter" in rows.columns and rows["interpreter"].map(lambda v: flag(v) is True).any():
         raise UserError("tile configs come from GPU runs only; this run timed the CPU interpreter")
-    final = rows["phase"].eq("final") if "phase" in rows.columns else pd.Series(False, index=rows.index)
-    has_final = final.groupby([rows[c] for c in (*TABLE_KEY, "M")], dropna=False).transform("any")
-    rows = rows[final | ~has_final.astype(bool)]
+    for phase in PICK_PHASES:  # the first phase a (table, M) has rows of, only those
+        at = rows["phase"].eq(phase) if "phase" in rows.columns else pd.Series(False, index=rows.index)
+        has = at.groupby([rows[c] for c in (*TABLE_KEY, "M")], dropna=False).transform("any")
+        rows = rows[at | ~has.astype(bool)]
     keys = [table_key(k) for k in rows[list(TABLE_KEY)].itertuples(index=False, name=None)]
     return rows.assign(_tile=rows["config"].map(lambda c: _tile(c, path)), _table=keys)
 

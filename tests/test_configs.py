@@ -292,6 +292,19 @@ def test_final_phase_times_pick_where_an_M_has_them():
     assert best_configs(pd.DataFrame(rows))[TABLE][1] == a
 
 
+def test_default_phase_times_pick_over_final_ones():
+    """A tune re-times its choice beside the path's default ("default" phase): where the default is faster
+    there, the table holds the default, whatever the final phase said; M=2 has no default rows: final picks."""
+    chosen, default = tile(16), tile(32)
+    rows = [
+        row(1, chosen, 10.0, phase="final"), row(1, default, 11.0, phase="screen"),
+        row(1, chosen, 12.0, phase="default"), row(1, default, 11.5, phase="default"),
+        row(2, chosen, 10.0, phase="final"), row(2, default, 9.0, phase="screen"),
+    ]
+    table = best_configs(pd.DataFrame(rows))[TABLE]
+    assert (table[1], table[2]) == (default, chosen)
+
+
 def test_best_configs_has_a_key_for_every_tuned_M():
     table = best_configs(pd.DataFrame([row(m, tile(16), 1.0 + m, phase="final") for m in VLLM_BATCH_SIZES]))[TABLE]
     assert list(table) == VLLM_BATCH_SIZES and len(table) == 18

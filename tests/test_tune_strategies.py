@@ -122,6 +122,19 @@ def test_fast_times_only_what_the_rules_keep_and_what_compiled(name):
 
 
 @pytest.mark.parametrize("name", RECORDINGS)
+def test_fast_without_sharing_seeds_screens_fewer_and_still_chooses_within_2_percent(name):
+    """share=0 (each M screens only the seeds the model ranked for it): fewer screens on every noise seed,
+    the choice still within WITHIN of the recorded best."""
+    times, cands, best = recording(name)
+    for seed, (shared, _) in zip(SEEDS, fast_runs(name)):
+        bench = Watched(times, noise=NOISE, seed=seed)
+        chosen = fast.search(cands, bench, fast.Options(share=0))
+        assert bench.measured["screen"] < shared.measured["screen"], f"seed {seed}"
+        worst = max(times[(M, cfg.key())] / best[M] for M, cfg in chosen.items())
+        assert set(chosen) == set(best) and worst <= WITHIN, f"seed {seed}: {worst:.4f}x the recorded best"
+
+
+@pytest.mark.parametrize("name", RECORDINGS)
 def test_exhaustive_screens_each_config_the_rules_keep_at_each_m_once(name):
     times, cands, _ = recording(name)
     bench, _ = exhaustive_run(name)

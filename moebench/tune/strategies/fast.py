@@ -2,9 +2,10 @@
 leaders, then the best few re-timed.
 
 1. Seed: the union over M of each M's first configs by the cost model, overall and per tile shape
-   (``_seeds``). Compiling is what a tune spends
-   its time on, and a config compiled once runs at every M (token counts are not specialized), so every
-   seed is screened at every M where the pruning rules keep it.
+   (``_seeds``). A config compiled once runs at every M (token counts are not specialized), so by default
+   every seed is screened at every M where the pruning rules keep it; with ``share=0`` each M screens only
+   its own seeds, which costs a fraction of the screens where the kernel's screens, not its compiles,
+   dominate (moebench's kernel: more launches per timing, more configs per M).
 2. Climb: from each M's ``lead`` fastest, the configs one step away (``Candidates.steps``) not yet timed
    there are compiled and screened; repeated ``climbs`` times for the M whose leaders changed. This
    corrects the model where it ranks a good config low.
@@ -26,10 +27,12 @@ class Options:
     lead: int = 4  # per M, the fastest configs the climb steps from
     climbs: int = 5  # climb steps at most
     final: int = 4  # configs per M re-timed at the final budget
+    share: int = 1  # 1: every seed screened at every M; 0: each M screens its own seeds only
 
 
 def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
-    seed = list({c.key(): c for M in bench.ms for c in _seeds(cands.ranked(M), opts)}.values())
+    own = {M: _seeds(cands.ranked(M), opts) for M in bench.ms}
+    seed = list({c.key(): c for M in bench.ms for c in own[M]}.values())
     failed = bench.compile(seed)
     timed: dict[int, dict[tuple, object]] = {M: {} for M in bench.ms}  # M -> config key -> its screen
 
@@ -37,7 +40,8 @@ def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
         for M, ts in bench.time(work, "screen").items():
             timed[M].update((t.config.key(), t) for t in ts)
 
-    screen({M: [c for c in seed if c.key() not in failed and cands.allowed(M, c)] for M in bench.ms})
+    screen({M: [c for c in (seed if opts.share else list({c.key(): c for c in own[M]}.values()))
+                if c.key() not in failed and cands.allowed(M, c)] for M in bench.ms})
     leaders = {M: fastest(timed[M].values(), opts.lead) for M in bench.ms}
     moved = set(bench.ms)  # the M whose leaders changed at the last step: only they climb on
     for _ in range(opts.climbs):
