@@ -30,6 +30,17 @@ def _counts(dist, csv_file, requests, seed, max_tokens, interpreter) -> tuple[li
     return [min(m, max_tokens) for m in lengths[:n]], f"csv:{csv_file} (clipped to 1..{max_tokens})"
 
 
+def startup_line(meta: dict) -> str | None:
+    """The start-up pass in one line (trace --warmup), or None where none ran."""
+    if meta.get("startup_runs") is None:
+        return None
+    runs, kernels, disk = meta["startup_runs"], meta.get("startup_kernels"), meta.get("startup_from_disk")
+    built = ("nothing built (interpreter)" if kernels is None else
+             f"{kernels} kernels built" + ("" if disk is None else f" ({disk} from disk)"))
+    failed = f", {len(meta['startup_failures'])} could not run" if meta.get("startup_failures") else ""
+    return f"start-up pass: {runs} launch{'es' if runs != 1 else ''} in {meta['startup_s']:.2f} s, {built}{failed}"
+
+
 def _summary_for_people(summary: dict):
     import pandas as pd
 
@@ -58,7 +69,10 @@ def _summary_for_people(summary: dict):
 @click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Triton's on-disk cache for the replay (e.g. one `moebench warmup` filled). [default: a fresh "
                    "temporary folder, removed after: a cold start]")
-@click.option("--warmup", is_flag=True, help="Run `moebench warmup` for the shape into the cache folder first.")
+@click.option("--warmup", is_flag=True,
+              help="Run `moebench warmup` for the shape into the cache folder first (every launch up to the largest "
+                   "request), then in the replay process run each warmed launch once before the first request, as "
+                   "a server's start-up does (meta.json: startup_s, startup_kernels).")
 @click.option("--specialize", is_flag=True,
               help="Replay with twins of the kernels that specialize on token counts (no do_not_specialize).")
 @click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
@@ -142,4 +156,6 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
                               highlight=False, soft_wrap=True)
                 continue
             report.render(table, "table", f"{name}: {title}", console=console, caption="")
+    if line := startup_line(done.meta):
+        _note(line)
     _note(f"run folder: {done.run_dir}")

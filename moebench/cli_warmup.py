@@ -1,5 +1,5 @@
-"""``moebench warmup``: the command over ``moebench.warmup`` (a table's configs compiled into Triton's cache
-ahead of serving, a summary line out)."""
+"""``moebench warmup``: the command over ``moebench.warmup`` (every launch the triton path makes for 1..N tokens
+compiled into Triton's cache ahead of serving, a summary line out)."""
 
 from __future__ import annotations
 
@@ -7,24 +7,24 @@ from pathlib import Path
 
 import click
 
-from moebench.cli_shape import one_shape, shape_options, token_counts
+from moebench.cli_shape import one_shape, shape_options
 from moebench.errors import UserError
 
 FORMATS = ("text", "json")
 
 
-def _plan(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, configs_dir, ms):
+def _plan(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, configs_dir, max_tokens):
     """The plan from a table file, or from one shape (a preset, a config.json, or explicit sizes) and a dtype."""
     from moebench import warmup
 
     shape_given = any(v is not None for v in (model, hf_config, experts, hidden, intermediate, topk))
     if table is not None:
         others = [name for name, given in (("a model shape", shape_given), ("--dtype", dtype is not None),
-                                           ("--configs", configs_dir is not None), ("--m", ms is not None),
+                                           ("--configs", configs_dir is not None),
                                            ("--tp/--ep", (tp, ep) != (1, 1))) if given]
         if others:
             raise UserError(f"--table names the shape, dtype and configs: give it without {others[0]}")
-        return warmup.plan_for_table(table)
+        return warmup.plan_for_table(table, max_tokens)
     if [model is not None, hf_config is not None, any(v is not None for v in (experts, hidden, intermediate))
         ].count(True) != 1:
         raise UserError("warm one shape: give --table, --model, --hf-config, or --experts with --hidden and "
@@ -32,39 +32,44 @@ def _plan(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep, 
     if dtype is None:
         raise UserError("give --dtype: tables are per dtype (bf16, fp16, fp32, fp8-tensor, ...)")
     shape = one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep, "warm")
-    return warmup.plan_for_model(shape, dtype, configs_dir, token_counts(ms) if ms is not None else None)
+    return warmup.plan_for_model(shape, dtype, configs_dir, max_tokens)
 
 
 def summary_line(plan, report) -> str:
-    """The one line on stdout: what was warmed, from where, how many kernels in how long, and where."""
+    """The one line on stdout: what was warmed, for which token counts, from where, how many kernels in how
+    long, and where."""
     failed = f", {len(report.failures)} failed" if report.failures else ""
     configs = f"{report.configs} config{'s' if report.configs != 1 else ''}"
-    return (f"warmed {configs} of {plan.name} {plan.dtype} ({plan.source}){failed}: "
+    return (f"warmed {configs} of {plan.name} {plan.dtype} for 1..{plan.max_tokens} tokens ({plan.source})"
+            f"{failed}: "
             f"{report.kernels} kernels compiled in {report.seconds:.1f} s into {report.cache_dir}")
 
 
 @click.command()
 @click.option("--table", type=click.Path(path_type=Path), default=None,
-              help="A moebench table file (export-configs --layout moebench): every config in it, on its shape.")
+              help="A moebench table file (export-configs --layout moebench): its configs, each M at its nearest key, "
+                   "on its shape.")
 @shape_options()
 @click.option("--dtype", default=None, help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128 (with a shape).")
 @click.option("--configs", "configs_dir", type=click.Path(path_type=Path), default=None,
               help="A folder of moebench tables looked in before $MOEBENCH_CONFIGS and the shipped tables.")
-@click.option("--m", "ms", default=None,
-              help="Token counts at which the heuristic config is warmed where no table is found, comma list. "
-                   "[default: vLLM's 18: 1,2,4,...,3072,4096]")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Warm every launch the triton path makes for 1..N tokens (each M at the config the lookup "
+                   "gives it), once per distinct launch.")
 @click.option("--jobs", type=click.IntRange(min=0), default=None,
               help="Worker processes that compile; 0 compiles in this one. [default: cores - 1, at most 12]")
 @click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Triton cache folder to compile into. [default: $TRITON_CACHE_DIR, else Triton's ~/.triton/cache]")
 @click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(FORMATS))
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
-def warmup(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, configs_dir, ms, jobs,
+def warmup(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, configs_dir, max_tokens, jobs,
            cache_dir, fmt, progress):
-    """Compile every tile config the triton path would run for one shape and dtype (the table its lookup picks,
-    or a --table file) into Triton's on-disk cache, in parallel worker processes, so serving starts warm.
+    """Compile every launch the triton path makes for one shape and dtype up to --max-tokens tokens (the table its
+    lookup picks, a --table file, or the heuristic) into Triton's on-disk cache, in parallel worker processes,
+    so serving starts warm.
 
-    Runs each config once at its table key M; a config that cannot run is listed on stderr, not fatal.
+    Every M of 1..--max-tokens is run at the config the lookup gives it, once per distinct launch (config and
+    launch flags); a config that cannot run is listed on stderr, not fatal.
     """
     import json
 
@@ -73,7 +78,8 @@ def warmup(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep,
     from moebench.precompile import default_jobs
     from moebench.warmup import warm
 
-    plan = _plan(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, configs_dir, ms)
+    plan = _plan(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, configs_dir,
+                 max_tokens)
     for note in plan.notes:
         _note(note, "yellow")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -91,6 +97,7 @@ def warmup(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep,
               "runs.", "yellow")
     if fmt == "json":
         click.echo(json.dumps({"shape": plan.name, "dtype": plan.dtype, "source": plan.source,
-                               "m": [M for M, _ in plan.items], **report.as_dict()}, indent=2))
+                               "max_tokens": plan.max_tokens, "m": [M for M, _ in plan.items],
+                               "same_launch_m": plan.dropped, **report.as_dict()}, indent=2))
     else:
         click.echo(summary_line(plan, report))

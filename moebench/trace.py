@@ -9,20 +9,21 @@ later. Per request: the first (cold) call's latency, the median of a few repeats
 
 The replay runs in a child process (multiprocessing spawn) whose TRITON_CACHE_DIR is set before it starts:
 its in-memory caches start empty and its on-disk cache is a fresh temporary folder (cold), or a folder the
-user names (``cache_dir``), which ``moebench warmup`` may fill first (``warmup``).
+user names (``cache_dir``), which ``moebench warmup`` may fill first (``warmup``). With ``warmup`` the replay
+process first runs each (M, config) of the warmup plan once (``startup``), as a server's start-up warm-up runs
+the layer: the kernels the disk cache holds are loaded into the process then, not during the first requests.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,73 +31,28 @@ import pandas as pd
 
 from moebench.errors import UserError, one_line
 from moebench.models import MoEShape
+from moebench.tile import TileConfig
+from moebench.trace_streams import (  # noqa: F401  (re-exported: the request streams were defined here)
+    DECODE_MAX,
+    DECODE_SHARE,
+    DISTRIBUTIONS,
+    LOGNORMAL_MEDIAN,
+    LOGNORMAL_SIGMA,
+    MAX_TOKENS,
+    PROMPT_COLUMNS,
+    distribution_label,
+    read_prompt_lengths,
+    token_counts,
+)
 
-DISTRIBUTIONS = ("lognormal", "uniform", "decode-mix")
-MAX_TOKENS = 4096  # the largest token count drawn (prefill chunks of 4096 tokens and more are split)
-LOGNORMAL_MEDIAN, LOGNORMAL_SIGMA = 150, 1.3  # prompt lengths: median 150 tokens, a long right tail
-# decode-mix: each request is a decode batch of 1..DECODE_MAX tokens (uniform) with probability DECODE_SHARE,
-# else a prefill drawn as lognormal is: a server that mostly decodes, with prompts arriving now and then.
-DECODE_SHARE, DECODE_MAX = 0.8, 64
+STARTUP_KEYS = ("startup_s", "startup_kernels", "startup_from_disk", "startup_runs", "startup_failures")
 AFTER = 20  # the summary counts compiles after this many requests: a warmed server should have none
 WARM_CALLS = 5  # repeats of each request, all kernels compiled, whose median is its warm time
-PROMPT_COLUMNS = ("prompt_len", "tokens")  # a CSV's column of token counts, by name, in this order
 REQUEST_COLUMNS = ["i", "M", "config", "config_source", "latency_ms", "warm_ms", "excess_ms", "compiles",
                    "compile_kernels"]
 EVENT_COLUMNS = ["i", "M", "kernel", "seconds", "from_disk"]
 INTERPRETER_NOTE = ("interpreter: Triton's interpreter compiles nothing, so no compiles are counted (not 0 "
                     "measured); latencies are CPU times, not GPU performance")
-
-
-# ---- request streams ------------------------------------------------------------------------------------
-
-def token_counts(kind: str, n: int, seed: int = 0, max_tokens: int = MAX_TOKENS) -> list[int]:
-    """``n`` requests' token counts drawn from ``kind`` (one of DISTRIBUTIONS) with numpy's generator seeded
-    by ``seed``, within 1..``max_tokens``: "lognormal" (median LOGNORMAL_MEDIAN, sigma LOGNORMAL_SIGMA,
-    rounded, clipped), "uniform" (1..max_tokens), "decode-mix" (DECODE_SHARE decode batches of 1..DECODE_MAX,
-    the rest lognormal)."""
-    if kind not in DISTRIBUTIONS:
-        raise UserError(f"unknown distribution {kind!r}; choose one of: {', '.join(DISTRIBUTIONS)}")
-    if n < 1 or max_tokens < 1:
-        raise UserError(f"need at least one request of at least one token, got {n} requests, max {max_tokens}")
-    rng = np.random.default_rng(seed)
-    if kind == "uniform":
-        return [int(m) for m in rng.integers(1, max_tokens + 1, size=n)]
-    prompts = np.clip(np.rint(rng.lognormal(math.log(LOGNORMAL_MEDIAN), LOGNORMAL_SIGMA, size=n)), 1, max_tokens)
-    if kind == "decode-mix":
-        decode = rng.random(n) < DECODE_SHARE
-        batches = rng.integers(1, min(DECODE_MAX, max_tokens) + 1, size=n)
-        prompts = np.where(decode, batches, prompts)
-    return [int(m) for m in prompts]
-
-
-def distribution_label(kind: str, max_tokens: int = MAX_TOKENS) -> str:
-    """How meta.json names a distribution, with its parameters."""
-    prompts = f"lognormal(median={LOGNORMAL_MEDIAN}, sigma={LOGNORMAL_SIGMA})"
-    return {"lognormal": prompts, "decode-mix": f"decode-mix({DECODE_SHARE:.0%} 1..{DECODE_MAX}, else {prompts})"
-            }.get(kind, kind) + f" in 1..{max_tokens}"
-
-
-def read_prompt_lengths(path: Path | str) -> list[int]:
-    """The token counts in a CSV file, in order: its column ``prompt_len`` or ``tokens``, else its first
-    numeric column. UserError (one line) for a file that is missing, not CSV, or holds no positive integers."""
-    path = Path(path)
-    try:
-        df = pd.read_csv(path)
-    except (OSError, ValueError, pd.errors.ParserError) as e:  # EmptyDataError is a ValueError
-        raise UserError(f"--csv {path}: cannot read it as CSV ({one_line(e)})") from None
-    names = {str(c).strip().lower(): c for c in df.columns}
-    column = next((names[n] for n in PROMPT_COLUMNS if n in names), None)
-    if column is None:
-        numeric = [c for c in df.columns if not df[c].empty and pd.to_numeric(df[c], errors="coerce").notna().all()]
-        if not numeric:
-            raise UserError(f"--csv {path}: no column {' or '.join(PROMPT_COLUMNS)} and no numeric column")
-        column = numeric[0]
-    values = pd.to_numeric(df[column], errors="coerce")
-    bad = [i for i, v in enumerate(values) if not (v >= 1 and float(v).is_integer())]
-    if bad or values.empty:
-        where = f"line {bad[0] + 2} holds {df[column].iloc[bad[0]]!r}" if bad else "it has no rows"
-        raise UserError(f"--csv {path}: column {column!r} must hold positive token counts; {where}")
-    return [int(v) for v in values]
 
 
 # ---- replay ---------------------------------------------------------------------------------------------
@@ -109,6 +65,7 @@ class ReplayResult:
     method: str  # CompileWatch.method: "hooks", "caches" or "interpreter"
     interpreter: bool
     setup_s: float  # weights and the device's set-up, before the first request
+    startup: dict | None = None  # the start-up pass's figures (``_startup``), None where none ran
 
 
 def _timed_ms(run: Callable, out, cuda: bool) -> float:
@@ -126,11 +83,13 @@ def _timed_ms(run: Callable, out, cuda: bool) -> float:
 
 def replay(shape: MoEShape, dtype: str, counts: list[int], configs_dir: Path | str | None = None,
            specialize: bool = False, cache_dir: Path | str | None = None, seed: int = 0,
-           warm_calls: int | None = None, on_row: Callable[[dict], None] | None = None) -> ReplayResult:
+           warm_calls: int | None = None, on_row: Callable[[dict], None] | None = None,
+           startup: list[tuple[int, TileConfig]] | None = None) -> ReplayResult:
     """Replay ``counts`` through the MoE layer on the triton path, in this process, each request at the tile
     config ``lookup.choose`` gives for its M. ``cache_dir``: TRITON_CACHE_DIR for the replay (restored
     after). ``specialize``: with the kernels' token-count specializing twins (``jit_watch.specialized``).
-    ``warm_calls``: repeats per request (default WARM_CALLS, 1 on the interpreter)."""
+    ``warm_calls``: repeats per request (default WARM_CALLS, 1 on the interpreter). ``startup``: (M, config)
+    pairs run once each before the first request (``_startup``), outside the rows."""
     from contextlib import nullcontext
 
     import torch
@@ -158,21 +117,57 @@ def replay(shape: MoEShape, dtype: str, counts: list[int], configs_dir: Path | s
             driver.active.get_current_target()
             torch.cuda.synchronize()
         setup_s = time.perf_counter() - started
-        with (specialized() if specialize else nullcontext()), \
-                CompileWatch(cache_dir=triton_cache_dir(), interpreter=target.interpreter) as watch:
-            for i, M in enumerate(counts):
-                problem = Problem(shape, M, dtype, seed=seed)
-                chosen = lookup.choose(M, shape.experts, shape.intermediate, dtype, device,
-                                       path.default_config(problem), configs_dir)
-                run = path.prepare(make_inputs(problem, target.device, weights, draw=i), problem, chosen.config)
-                out = torch.empty(M, shape.hidden, device=target.device, dtype=problem.spec.act)  # [M, hidden]
-                watch.begin(i)
-                latency = _timed_ms(run, out, cuda)
-                warm = float(np.median([_timed_ms(run, out, cuda) for _ in range(warm_calls)]))
-                rows.append(_request_row(i, M, chosen, latency, warm, watch.end(), watch))
-                if on_row is not None:
-                    on_row(rows[-1])
-    return ReplayResult(rows, watch.method, target.interpreter, setup_s)
+        with (specialized() if specialize else nullcontext()):
+            started_up = None if startup is None else _startup(startup, shape, dtype, seed, weights, cuda)
+            watch = CompileWatch(cache_dir=triton_cache_dir(), interpreter=target.interpreter)
+            with watch:
+                for i, M in enumerate(counts):
+                    problem = Problem(shape, M, dtype, seed=seed)
+                    chosen = lookup.choose(M, shape.experts, shape.intermediate, dtype, device,
+                                           path.default_config(problem), configs_dir)
+                    inputs = make_inputs(problem, target.device, weights, draw=i)
+                    run = path.prepare(inputs, problem, chosen.config)
+                    out = torch.empty(M, shape.hidden, device=target.device, dtype=problem.spec.act)  # [M, hidden]
+                    watch.begin(i)
+                    latency = _timed_ms(run, out, cuda)
+                    warm = float(np.median([_timed_ms(run, out, cuda) for _ in range(warm_calls)]))
+                    rows.append(_request_row(i, M, chosen, latency, warm, watch.end(), watch))
+                    if on_row is not None:
+                        on_row(rows[-1])
+    return ReplayResult(rows, watch.method, target.interpreter, setup_s, started_up)
+
+
+def _startup(items: list[tuple[int, TileConfig]], shape: MoEShape, dtype: str, seed: int, weights,
+             cuda: bool) -> dict:
+    """Each (M, config) of ``items`` run once, as a serving process's start-up warm-up runs the layer: the
+    kernels Triton's disk cache holds are loaded into this process (those it lacks compiled) before the first
+    request. What meta.json records of it: its seconds, the kernels built (None on the interpreter) and how
+    many of them came from disk (None where the count cannot tell), the runs, and those that could not run."""
+    import torch
+
+    from moebench.jit_watch import CompileWatch
+    from moebench.paths import Target
+    from moebench.paths.triton_path import TritonPath
+    from moebench.problem import Problem, make_inputs
+    from moebench.triton_cache import cache_dir as triton_cache_dir
+
+    target, path, failures = Target.current(), TritonPath(), []
+    started = time.perf_counter()
+    with CompileWatch(cache_dir=triton_cache_dir(), interpreter=target.interpreter) as watch:
+        watch.begin(-1)
+        for M, config in items:
+            problem = Problem(shape, M, dtype, seed=seed)
+            try:
+                run = path.prepare(make_inputs(problem, target.device, weights), problem, config)
+                run(torch.empty(M, shape.hidden, device=target.device, dtype=problem.spec.act))
+            except Exception as e:  # noqa: BLE001 - listed: the request that needs this config says more
+                failures.append(f"M={M} {config.label}: {one_line(e)}")
+        if cuda:
+            torch.cuda.synchronize()
+        events = watch.end()
+    disk = None if events is None or any(e.from_disk is None for e in events) else sum(e.from_disk for e in events)
+    return {"startup_s": time.perf_counter() - started, "startup_kernels": None if events is None else len(events),
+            "startup_from_disk": disk, "startup_runs": len(items), "startup_failures": failures}
 
 
 def _request_row(i: int, M: int, chosen, latency: float, warm: float, events, watch) -> dict:
@@ -245,6 +240,8 @@ class TraceRequest:
     configs_dir: str | None = None  # --configs: tables the config per M is read from first
     cache_dir: str | None = None  # Triton's on-disk cache for the replay; None: a fresh temporary folder
     warmup: bool = False  # moebench.warmup fills the cache folder before the replay
+    # (M, config) run once each before the first request; run_trace sets the warmup plan's items here
+    startup: tuple[tuple[int, TileConfig], ...] | None = None
     specialize: bool = False  # the kernels' token-count specializing twins
     warm_calls: int | None = None
 
@@ -283,7 +280,10 @@ def run_trace(request: TraceRequest, out_base: Path | str, on_row: Callable[[dic
     cache_dir = Path(tempfile.mkdtemp(prefix="moebench-trace-cache-") if temporary else request.cache_dir)
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        warmed = _warmup(request, cache_dir, warmup_jobs) if request.warmup else None
+        warmed = None
+        if request.warmup:
+            warmed, items = _warmup(request, cache_dir, warmup_jobs)
+            request = replace(request, startup=items)
         run_dir = new_run_dir(Path(out_base), f"trace-{request.shape.name.replace('/', '-')}-{request.dtype}")
         run_dir.mkdir(parents=True)
         meta = {
@@ -326,8 +326,9 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _warmup(request: TraceRequest, cache_dir: Path, jobs: int | None) -> dict:
-    """``moebench.warmup`` run into ``cache_dir`` for the request's shape and dtype; its report as plain data."""
+def _warmup(request: TraceRequest, cache_dir: Path, jobs: int | None) -> tuple[dict, tuple]:
+    """``moebench.warmup`` run into ``cache_dir`` for the request's shape and dtype, every launch up to its
+    largest token count: its report and plan as plain data, and the plan's (M, config) items."""
     try:
         from moebench import warmup
     except ModuleNotFoundError as e:
@@ -336,17 +337,21 @@ def _warmup(request: TraceRequest, cache_dir: Path, jobs: int | None) -> dict:
         raise UserError("--warmup needs moebench.warmup, which this moebench lacks") from None
     from moebench.precompile import default_jobs
 
-    plan = warmup.plan_for_model(request.shape, request.dtype, configs_dir=request.configs_dir)
+    plan = warmup.plan_for_model(request.shape, request.dtype, configs_dir=request.configs_dir,
+                                 max_tokens=max(request.counts))
     report = warmup.warm(plan, max(1, default_jobs()) if jobs is None else jobs, cache_dir=cache_dir)
     plain = asdict(report) if is_dataclass(report) else dict(vars(report))
-    return json.loads(json.dumps(plain, default=str))
+    plain.update(source=plan.source, max_tokens=plan.max_tokens, m=[M for M, _ in plan.items])
+    return json.loads(json.dumps(plain, default=str)), tuple(plan.items)
 
 
 def _replay_here(request: TraceRequest, cache_dir: Path, keep: Callable[[dict], None]) -> dict:
     """The replay in this process; what meta.json records of it."""
     done = replay(request.shape, request.dtype, list(request.counts), request.configs_dir, request.specialize,
-                  cache_dir, request.seed, request.warm_calls, on_row=keep)
-    return {"count_method": done.method, "interpreter": done.interpreter, "setup_s": done.setup_s}
+                  cache_dir, request.seed, request.warm_calls, on_row=keep,
+                  startup=None if request.startup is None else list(request.startup))
+    return {"count_method": done.method, "interpreter": done.interpreter, "setup_s": done.setup_s,
+            **(done.startup or dict.fromkeys(STARTUP_KEYS))}
 
 
 def _child(request: TraceRequest, cache_dir: str, messages) -> None:

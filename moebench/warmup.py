@@ -1,17 +1,19 @@
-"""Compile every config of a tile table ahead of serving, in worker processes, into Triton's on-disk cache.
+"""Compile every launch the triton path makes for 1..N tokens ahead of serving, in worker processes, into
+Triton's on-disk cache.
 
-A plan (``WarmupPlan``) is what the triton path would run: the configs of a table file given directly
-(``plan_for_table``), or of the table the lookup picks for a shape (``plan_for_model``: --configs, env,
-shipped; else the heuristic config at each M of a list). ``warm`` runs each (M, config) once on every shape
-of the plan in ``precompile.Precompiler``'s workers, which compile the kernels into ``TRITON_CACHE_DIR``;
-a later process finds them there and loads them instead of compiling. It counts the kernels the cache
-gained (``kernel_entries``) and lists the configs that could not run, without stopping at them.
+A plan (``WarmupPlan``) is what the triton path would run at every M of 1..``max_tokens``: the config of a
+table file given directly (``plan_for_table``), or of the table the lookup picks for a shape
+(``plan_for_model``: --configs, env, shipped), at its key nearest M (``ConfigTable.nearest_key``, as the lookup
+reads it); where there is no table, the heuristic config at each M. ``warm`` runs each kept (M, config) once
+on every shape of the plan in ``precompile.Precompiler``'s workers, which compile the kernels into
+``TRITON_CACHE_DIR``; a later process finds them there and loads them instead of compiling. It counts the
+kernels the cache gained (``kernel_entries``) and lists the configs that could not run, without stopping.
 
 Two pairs of one config at different M are "the same launch" when ``launch_key`` is equal: the config and
 every flag of ``fused_moe.launch_plan`` but the grid sizes and token counts (the kernels take those as
 ``do_not_specialize`` arguments), and the align step's kernel (one program up to ``ONE_PROGRAM_SLOTS``
-slots). Such a pair compiles nothing the first did not, so only the first is kept; a pair whose config
-differs, or whose M changes a flag (e.g. who zeroes the top-k sums), is always kept.
+slots). Such a pair compiles nothing the first did not, so only the first M of each key is kept; an M where
+the config or a flag changes (e.g. who zeroes the top-k sums) starts a key of its own.
 
 On the Triton interpreter nothing is compiled: ``warm`` still runs each config (the plan is checked) and
 reports ``interpreter=True``.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from moebench import triton_cache
@@ -33,6 +35,7 @@ from moebench.tile import TileConfig
 from moebench.triton_cache import cache_dir_env, kernel_entries
 
 PATH = "triton"  # the path whose kernels moebench's tables configure
+MAX_TOKENS = 4096  # the largest token count a plan covers unless told: a server's usual batch budget
 # LaunchPlan fields that only size grids or are do_not_specialize arguments: they change with M and
 # compile nothing new. A field added to LaunchPlan is part of the key until it is named here.
 _COUNTS = ("slots", "max_blocks", "grid1", "grid2")
@@ -43,16 +46,18 @@ Progress = Callable[[str, int, int], None]  # (what, done, total)
 @dataclass(frozen=True)
 class WarmupPlan:
     """What ``warm`` runs: each (M, config) of ``items`` on each of ``shapes`` (one; a table that lists
-    several hidden sizes or top-ks gives every combination), at ``dtype``. ``source`` is the lookup's label
-    ('shipped:<file>', 'heuristic', ...) or the table file; ``dropped`` the table's M left out as the same
-    launch as a kept one; ``notes`` what a user should hear (a table for another device, a newer version)."""
+    several hidden sizes or top-ks gives every combination), at ``dtype``: the first M of each distinct launch
+    in 1..``max_tokens``. ``source`` is the lookup's label ('shipped:<file>', 'heuristic', ...) or the table
+    file; ``dropped`` how many M of that range launch as a kept one does; ``notes`` what a user should hear
+    (a table for another device, a newer version)."""
 
     shapes: tuple[MoEShape, ...]
     dtype: str
     source: str
     items: tuple[tuple[int, TileConfig], ...]  # (M tokens, config), M ascending
-    dropped: tuple[int, ...] = ()
+    dropped: int = 0
     notes: tuple[str, ...] = ()
+    max_tokens: int = MAX_TOKENS
 
     @property
     def name(self) -> str:
@@ -79,48 +84,74 @@ class WarmupReport:
 
 def launch_key(shape: MoEShape, dtype: str, M: int, config: TileConfig) -> tuple | None:
     """What decides the kernels ``config`` compiles at M tokens (see the module doc); None for a config
-    the scheme or the shapes cannot run, which is never taken for the same launch as another."""
+    the scheme or the shapes cannot run."""
+    return _key_maker(shape, dtype)(M, config)
+
+
+def _key_maker(shape: MoEShape, dtype: str) -> Callable[[int, TileConfig], tuple | None]:
+    """``launch_key`` for one shape and dtype as a function of (M, config), what does not change with M
+    worked out once: a plan asks it at every M up to a few thousand."""
     from moebench.dtypes import get_dtype
     from moebench.kernels.align import ONE_PROGRAM_SLOTS
-    from moebench.kernels.fused_moe import DeviceFacts, LayerShapes, launch_plan
+    from moebench.kernels.fused_moe import DeviceFacts, LaunchPlan, LayerShapes, launch_plan
 
     spec = get_dtype(dtype)
-    shapes = LayerShapes(M, shape.experts, shape.hidden, shape.intermediate, shape.topk,
-                         static_scales=spec.static_act, out_dtype=spec.act, weight_bytes=spec.weight_bytes)
-    try:  # the device's facts are the same at every M: any fixed ones compare M alike
-        plan = launch_plan(config, spec.fp8_scheme, shapes, DeviceFacts(pdl=False, interpreting=False))
-    except UserError:
-        return None
-    one_program = plan.align and plan.slots <= ONE_PROGRAM_SLOTS
-    return config, replace(plan, **dict.fromkeys(_COUNTS, 0)), one_program
+    static, act, weight_bytes = spec.static_act, spec.act, spec.weight_bytes
+    flags = tuple(f.name for f in fields(LaunchPlan) if f.name not in _COUNTS)
+    facts = DeviceFacts(pdl=False, interpreting=False)  # the same at every M: any fixed ones compare M alike
+
+    def key(M: int, config: TileConfig) -> tuple | None:
+        shapes = LayerShapes(M, shape.experts, shape.hidden, shape.intermediate, shape.topk,
+                             static_scales=static, out_dtype=act, weight_bytes=weight_bytes)
+        try:
+            plan = launch_plan(config, spec.fp8_scheme, shapes, facts)
+        except UserError:
+            return None
+        return config, tuple(getattr(plan, f) for f in flags), plan.align and plan.slots <= ONE_PROGRAM_SLOTS
+
+    return key
 
 
 def _dedup(shapes: tuple[MoEShape, ...], dtype: str,
-           pairs: list[tuple[int, TileConfig]]) -> tuple[tuple[tuple[int, TileConfig], ...], tuple[int, ...]]:
-    """(kept, dropped M): each pair in ascending M, left out where it is the same launch on every shape as a
-    pair kept before it."""
-    kept, dropped, seen = [], [], set()
+           pairs: list[tuple[int, TileConfig]]) -> tuple[tuple[tuple[int, TileConfig], ...], int]:
+    """(kept, how many dropped): each pair in ascending M, left out where it is the same launch on every shape
+    as a pair kept before it. A config a shape cannot run (no key) is kept at its first M only: its runs would
+    all fail alike, and one line says so."""
+    makers = [_key_maker(s, dtype) for s in shapes]
+    kept, dropped, seen = [], 0, set()
     for M, cfg in sorted(pairs, key=lambda p: p[0]):
-        keys = tuple(launch_key(s, dtype, M, cfg) for s in shapes)
-        if None not in keys and keys in seen:
-            dropped.append(M)
+        keys = tuple(key(M, cfg) or (cfg, None) for key in makers)
+        if keys in seen:
+            dropped += 1
             continue
         seen.add(keys)
         kept.append((M, cfg))
-    return tuple(kept), tuple(dropped)
+    return tuple(kept), dropped
+
+
+def _check_max_tokens(max_tokens: int) -> None:
+    if max_tokens < 1:
+        raise UserError(f"max_tokens must be at least 1 (the plan covers 1..max_tokens), not {max_tokens}")
+
+
+def _table_pairs(table, max_tokens: int) -> list[tuple[int, TileConfig]]:
+    """(M, the config the lookup reads at M) for every M of 1..``max_tokens``: its nearest key's."""
+    return [(M, table[table.nearest_key(M)]) for M in range(1, max_tokens + 1)]
 
 
 def _as_list(value) -> list:
     return list(value) if isinstance(value, list) else [value]
 
 
-def plan_for_table(table_path: Path | str) -> WarmupPlan:
-    """Every key of a moebench table file, on the shape (or shapes) its header names, at its dtype.
-    A missing file, another format or an empty table is a one-line UserError (``load_table``'s)."""
+def plan_for_table(table_path: Path | str, max_tokens: int = MAX_TOKENS) -> WarmupPlan:
+    """Every launch a moebench table file gives for 1..``max_tokens`` tokens (each M at its nearest key), on
+    the shape (or shapes) its header names, at its dtype. A missing file, another format or an empty table is
+    a one-line UserError (``load_table``'s)."""
     from moebench.dtypes import get_dtype
     from moebench.environment import device_name
     from moebench.tables import KERNEL, load_table
 
+    _check_max_tokens(max_tokens)
     path = Path(table_path)
     meta, table = load_table(path)
     if meta.kernel != KERNEL:
@@ -138,34 +169,32 @@ def plan_for_table(table_path: Path | str) -> WarmupPlan:
     here = device_name()
     if meta.device_name.replace(" ", "_") != here.replace(" ", "_"):
         notes.append(f"note: {path.name} was tuned on {meta.device_name}; its configs are compiled for {here}")
-    items, dropped = _dedup(shapes, meta.dtype, list(table.items()))
-    return WarmupPlan(shapes, meta.dtype, str(path), items, dropped, tuple(notes))
+    items, dropped = _dedup(shapes, meta.dtype, _table_pairs(table, max_tokens))
+    return WarmupPlan(shapes, meta.dtype, str(path), items, dropped, tuple(notes), max_tokens)
 
 
 def plan_for_model(shape: MoEShape, dtype: str, configs_dir: Path | str | None = None,
-                   ms: tuple[int, ...] | None = None) -> WarmupPlan:
-    """Every key of the table the triton path's lookup picks for ``shape`` on this device (``configs_dir``,
-    then $MOEBENCH_CONFIGS, then the shipped tables); where there is none, the heuristic config at each M
-    of ``ms`` (default: vLLM's 18 batch sizes)."""
+                   max_tokens: int = MAX_TOKENS) -> WarmupPlan:
+    """Every launch the triton path makes for ``shape`` at 1..``max_tokens`` tokens on this device: the
+    configs of the table its lookup picks (``configs_dir``, then $MOEBENCH_CONFIGS, then the shipped tables),
+    each M at its nearest key; where there is none, the heuristic config at each M."""
     from moebench import lookup
     from moebench.environment import device_name
     from moebench.paths import get_path
     from moebench.problem import Problem
 
+    _check_max_tokens(max_tokens)
     found = lookup.find_table(shape.experts, shape.intermediate, device_name(), dtype,
                               lookup.check_dir(configs_dir))
     if found is not None:
         source, path, table = found
-        pairs, label = list(table.items()), f"{source}:{path.name}"
+        pairs, label = _table_pairs(table, max_tokens), f"{source}:{path.name}"
     else:
-        if ms is None:
-            from moebench.tune.run import VLLM_MS
-
-            ms = VLLM_MS
         heuristic = get_path(PATH).default_config
-        pairs, label = [(M, heuristic(Problem(shape, M, dtype))) for M in sorted(set(ms))], "heuristic"
+        pairs = [(M, heuristic(Problem(shape, M, dtype))) for M in range(1, max_tokens + 1)]
+        label = "heuristic"
     items, dropped = _dedup((shape,), dtype, pairs)
-    return WarmupPlan((shape,), dtype, label, items, dropped)
+    return WarmupPlan((shape,), dtype, label, items, dropped, (), max_tokens)
 
 
 def warm(plan: WarmupPlan, jobs: int, cache_dir: Path | None = None,

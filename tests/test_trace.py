@@ -19,6 +19,7 @@ from moebench.cli_trace import trace as trace_command
 from moebench.errors import UserError
 from moebench.jit_watch import CompileWatch, declared_do_not_specialize, decorator_args, layer_kernels, specialized
 from moebench.models import get_model
+from moebench.tile import TileConfig
 
 # ---- request streams ------------------------------------------------------------------------------------
 
@@ -254,27 +255,97 @@ def test_command_replays_in_a_child_process(tmp_path):
 
 
 def test_command_warmup_fills_the_cache_folder_first(tmp_path, monkeypatch):
+    """The stand-in warmup is asked for every launch up to the largest request; the replay process then runs
+    its plan's item once before the first request, and meta.json says so."""
     calls = {}
     fake = types.ModuleType("moebench.warmup")
-    fake.plan_for_model = lambda shape, dtype, configs_dir=None, ms=None: ("plan", shape.name, dtype)
+    item = (1, TileConfig(16, 32, 32, 1, 2, 2))
+
+    def plan_for_model(shape, dtype, configs_dir=None, max_tokens=4096):
+        calls.update(max_tokens=max_tokens)
+        return types.SimpleNamespace(name=shape.name, dtype=dtype, source="fake", max_tokens=max_tokens, items=(item,))
 
     def warm(plan, jobs, cache_dir=None):
-        calls.update(plan=plan, cache_dir=str(cache_dir))
+        calls.update(plan=(plan.name, plan.dtype), cache_dir=str(cache_dir))
         return types.SimpleNamespace(configs=2, kernels=6, seconds=1.5, cache_dir=str(cache_dir), failures=[],
                                      interpreter=True)
-    fake.warm = warm
+    fake.plan_for_model, fake.warm = plan_for_model, warm
     monkeypatch.setitem(sys.modules, "moebench.warmup", fake)
     monkeypatch.setattr(moebench, "warmup", fake, raising=False)  # where `from moebench import warmup` looks first
     cache = tmp_path / "cache"
-    result = CliRunner().invoke(trace_command, ["--model", "tiny", "--dtype", "fp16", "--requests", "1",
-                                                "--max-tokens", "4", "--out", str(tmp_path),
+    result = CliRunner().invoke(trace_command, ["--model", "tiny", "--dtype", "fp16", "--requests", "3",
+                                                "--max-tokens", "40", "--out", str(tmp_path),
                                                 "--no-progress", "--warmup", "--cache-dir", str(cache),
                                                 "--in-process", "--format", "csv", "--table", "requests"])
     assert result.exit_code == 0, result.output
-    assert calls == {"plan": ("plan", "tiny", "fp16"), "cache_dir": str(cache.resolve())}
     meta = json.loads(next(tmp_path.glob("*-trace-*/meta.json")).read_text())
-    assert meta["cache_mode"] == "warmup" and meta["warmup"]["kernels"] == 6
+    rows = [json.loads(line) for line in next(tmp_path.glob("*-trace-*/rows.jsonl")).read_text().splitlines()]
+    assert calls == {"max_tokens": max(r["M"] for r in rows), "plan": ("tiny", "fp16"),
+                     "cache_dir": str(cache.resolve())}
+    assert meta["cache_mode"] == "warmup" and meta["warmup"]["kernels"] == 6 and meta["warmup"]["m"] == [1]
+    assert meta["startup_runs"] == 1 and meta["startup_failures"] == [] and meta["startup_s"] > 0
+    assert "start-up pass: 1 launch in " in result.stderr
     assert result.stdout.splitlines()[0] == ",".join(trace.REQUEST_COLUMNS)
+
+
+def test_warmup_startup_runs_the_plan_before_the_first_request(tmp_path, monkeypatch):
+    """In-process replay with the real warmup (in this process): every layer call is recorded; the plan's
+    (M, config) come first, once each, then the requests; their figures are in meta.json, not in the rows."""
+    from moebench import precompile
+    from moebench.paths.triton_path import TritonPath
+    from moebench.warmup import plan_for_model
+
+    monkeypatch.setattr(precompile, "run_candidate", lambda path_name, problem, config: None)  # warm: no calls
+    prepared, real = [], TritonPath.prepare
+
+    def recorded(self, inputs, problem, config):
+        prepared.append((problem.M, config))
+        return real(self, inputs, problem, config)
+
+    monkeypatch.setattr(TritonPath, "prepare", recorded)
+    counts = (3, 70, 45)
+    request = trace.TraceRequest(get_model("tiny"), "fp16", counts, "test", warmup=True,
+                                 cache_dir=str(tmp_path / "cache"))
+    done = trace.run_trace(request, tmp_path / "out", in_process=True, warmup_jobs=0)
+    plan = plan_for_model(get_model("tiny"), "fp16", max_tokens=70)
+    assert len(plan.items) > 1 and {M for M, _ in plan.items} != set(counts)
+    n = len(plan.items)
+    assert prepared[:n] == list(plan.items)
+    assert [M for M, _ in prepared[n:]] == list(counts) and [r["M"] for r in done.rows] == list(counts)
+    meta = json.loads((done.run_dir / "meta.json").read_text())
+    assert set(trace.STARTUP_KEYS) <= set(meta) and meta["startup_runs"] == n and meta["startup_failures"] == []
+    assert meta["startup_s"] > 0 and meta["warmup"]["max_tokens"] == 70
+    assert meta["warmup"]["m"] == [M for M, _ in plan.items] and meta["summary"]["requests"] == len(counts)
+    if interpreting():
+        assert meta["startup_kernels"] is None and meta["startup_from_disk"] is None
+    else:
+        assert isinstance(meta["startup_kernels"], int)
+
+
+def test_a_startup_config_that_cannot_run_is_listed_and_the_replay_goes_on():
+    bad = TileConfig(16, 64, 128, gemm1_quant_x=True, direct_route=True)  # for fp8-block128 only
+    good = TileConfig(16, 32, 32, 1, 2, 2)
+    done = trace.replay(get_model("tiny"), "fp16", [2], startup=[(1, good), (4, bad)])
+    (failure,) = done.startup["startup_failures"]
+    assert failure.startswith(f"M=4 {bad.label}: ") and "gemm1_quant_x" in failure
+    assert done.startup["startup_runs"] == 2 and [r["M"] for r in done.rows] == [2]
+
+
+def test_warmup_startup_travels_to_the_child_process(tmp_path):
+    """The plan's configs reach the spawned replay process, which runs them before the first request."""
+    request = trace.TraceRequest(get_model("tiny"), "fp16", (2, 9), "test", warmup=True,
+                                 cache_dir=str(tmp_path / "cache"))
+    done = trace.run_trace(request, tmp_path / "out", warmup_jobs=0)
+    meta = json.loads((done.run_dir / "meta.json").read_text())
+    assert meta["process"] == "child (spawn)" and meta["status"] == "complete"
+    assert meta["startup_runs"] == len(meta["warmup"]["m"]) >= 1 and meta["startup_failures"] == []
+    assert meta["warmup"]["max_tokens"] == 9 and meta["warmup"]["interpreter"] is interpreting()
+
+
+def test_a_cold_trace_records_no_startup(tmp_path):
+    request = trace.TraceRequest(get_model("tiny"), "fp16", (2,), "test")
+    done = trace.run_trace(request, tmp_path, in_process=True)
+    assert all(done.meta[k] is None for k in trace.STARTUP_KEYS) and done.meta["warmup"] is None
 
 
 @pytest.mark.parametrize("args, message, interpreter_only", [
