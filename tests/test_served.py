@@ -1,0 +1,74 @@
+"""The served catalog behind `moebench tune-tables`: every entry names a preset, a dtype and a TP degree the
+kernel can run, no two entries write the same table file, the filters select what they name, and the command
+lists the entries anywhere but refuses to tune without a GPU, writing nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from moebench._interpret import interpreting
+from moebench.cli import cli
+from moebench.dtypes import get_dtype
+from moebench.errors import UserError
+from moebench.models import get_model, model_names
+from moebench.served import OPTIONS, SERVED, select
+from moebench.tables import table_file_name
+from moebench.tune.strategies import fast
+
+
+def test_every_entry_is_a_preset_dtype_and_tp_the_kernel_runs():
+    for e in SERVED:
+        shape, spec = e.shape, get_dtype(e.dtype)
+        assert e.model == get_model(e.model).name, f"{e.name}: not a canonical preset name"
+        assert shape.intermediate * e.tp == get_model(e.model).intermediate, f"{e.name}: TP does not divide"
+        if spec.fp8_scheme == "block128":
+            assert shape.intermediate % 128 == 0 and shape.hidden % 128 == 0, f"{e.name}: not whole blocks"
+        assert e.why
+
+
+def test_every_preset_but_the_made_up_one_is_served_and_each_table_is_written_once():
+    served = {e.model for e in SERVED}
+    assert served == set(model_names()) - {"tiny"}
+    names = [table_file_name(e.shape.experts, e.shape.intermediate, "NVIDIA H200", e.dtype) for e in SERVED]
+    assert len(names) == len(set(names))
+    assert all(any(e.model == m and e.dtype == "bf16" for e in SERVED) for m in served if not m.startswith(
+        ("deepseek", "kimi"))), "a model whose bf16 checkpoint fits on H200s lacks its bf16 entry"
+
+
+def test_the_options_are_the_fast_strategys():
+    fast.Options(**dict(OPTIONS))  # a name the strategy lacks raises TypeError
+
+
+def test_select_filters_by_model_alias_and_dtype():
+    assert [e.dtype for e in select(["mixtral"])] == ["bf16", "fp8-tensor-static"]
+    assert {e.model for e in select([], ["fp8-block128"])} == {"deepseek-v3", "kimi-k2", "qwen3-30b-a3b",
+                                                                "qwen3-235b-a22b"}
+    assert select() == list(SERVED)
+    with pytest.raises(UserError, match="tiny has no served entry"):
+        select(["tiny"])
+    with pytest.raises(UserError, match="no served entry for deepseek-v3 in bf16"):
+        select(["deepseek-v3"], ["bf16"])
+
+
+def test_list_prints_every_entry():
+    result = CliRunner().invoke(cli, ["tune-tables", "--list"], terminal_width=300)
+    assert result.exit_code == 0, result.output
+    for e in SERVED:
+        assert e.model in result.output and e.dtype in result.output
+
+
+@pytest.mark.skipif(not interpreting(), reason="describes a machine without a CUDA GPU")
+def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path):
+    into = tmp_path / "tables"
+    proc = subprocess.run([sys.executable, "-m", "moebench", "tune-tables", "--model", "qwen3-30b-a3b", "--into",
+                           str(into), "--out", str(tmp_path / "runs")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().count("\n") == 0 and "no CUDA GPU" in proc.stderr
+    assert not into.exists() and not (tmp_path / "runs").exists()
