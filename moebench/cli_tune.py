@@ -83,7 +83,7 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     import time
 
     from moebench._interpret import interpreting
-    from moebench.cli import _console, _emit, _err_console, _note
+    from moebench.cli import _console, _emit, _note
     from moebench.results import ensure_out_dir
     from moebench.tune.run import TuneRequest
     from moebench.tune.run import tune as run_tune
@@ -93,18 +93,7 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name, token_counts(ms), strategy,
                           _options(options), seed=seed, prune=not no_prune)
     ensure_out_dir(out_dir)
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
-                   console=_err_console(), disable=not progress)
+    bar = _bar(progress)
     state = {"failures": {}, "first_error": {}, "best": {}, "task": None}
     started = time.monotonic()
 
@@ -163,6 +152,24 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
         _console().print(table)
     _note(f"run folder: {result.run_dir} ({time.monotonic() - started:.0f} s); "
           f"export: moebench export-configs {result.run_dir}")
+
+
+def _bar(progress: bool):
+    """The progress bar of a tune's phases on stderr: done of total, elapsed, left, a status field."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from moebench.cli import _err_console
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
+                    console=_err_console(), disable=not progress)
 
 
 def _num(v, fmt: str = "{:.1f}") -> str:
@@ -243,9 +250,16 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
     options = " ".join(f"{k}={v}" for k, v in OPTIONS)
     _note(f"{len(entries)} table(s), fast strategy with {options}")
 
+    bar, state = _bar(progress), {"entry": "", "task": None, "what": None}
+
     def begin(i, entry) -> None:
-        if progress:
-            _note(f"[{i + 1}/{len(entries)}] tuning {entry.name} ({time.monotonic() - started:.0f} s so far)")
+        state["entry"] = f"[{i + 1}/{len(entries)}] {entry.name}"
+
+    def on_progress(what: str, done: int, total: int) -> None:
+        if state["what"] != (state["entry"], what):
+            state["what"] = (state["entry"], what)
+            state["task"] = bar.add_task(f"{state['entry']}: {what}", total=total, status="")
+        bar.update(state["task"], completed=done, total=total)
 
     def end(t) -> None:
         if t.error:
@@ -253,8 +267,10 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
         for f in t.files:
             click.echo(str(f))
 
-    done = run_all(entries, out_dir, into, token_counts(ms), {"gpus": gpus, "compile_jobs": compile_jobs},
-                   on_entry=begin, on_done=end)
+    with bar:
+        done = run_all(entries, out_dir, into, token_counts(ms),
+                       {"gpus": gpus, "compile_jobs": compile_jobs, "on_progress": on_progress},
+                       on_entry=begin, on_done=end)
     tuned = sum(1 for t in done if t.files)
     _note(f"{tuned} of {len(done)} table(s) written into {into} in {time.monotonic() - started:.0f} s; "
           f"use them: export MOEBENCH_CONFIGS={into.resolve()}")

@@ -75,7 +75,8 @@ def select(models: Iterable[str] = (), dtypes: Iterable[str] = ()) -> list[Serve
 
 @dataclass(frozen=True)
 class Tuned:
-    """One entry's outcome: its tune's run folder and the table files written (empty where it failed)."""
+    """One entry's outcome: its tune's run folder (None where the tune did not start) and the table files
+    written (none where it failed: ``error`` says why)."""
 
     entry: Served
     run_dir: Path | None
@@ -98,14 +99,15 @@ def tune_tables(entries: list[Served], out_base: Path, into: Path, ms: tuple[int
     for i, entry in enumerate(entries):
         if on_entry:
             on_entry(i, entry)
+        run_dir = None
         try:
-            result = tune(TuneRequest(entry.shape, entry.dtype, PATH, ms, "fast", OPTIONS), out_base,
-                          **(tune_kwargs or {}))
-            meta, df = load_run(result.run_dir)
-            written = export_run(meta, df, into, layout="moebench", source_run=str(result.run_dir))
-            tuned = Tuned(entry, result.run_dir, tuple(p for p in written.files if p.name.startswith(FORMAT)))
+            run_dir = tune(TuneRequest(entry.shape, entry.dtype, PATH, ms, "fast", OPTIONS), out_base,
+                           **(tune_kwargs or {})).run_dir
+            meta, df = load_run(run_dir)
+            written = export_run(meta, df, into, layout="moebench", source_run=str(run_dir))
+            tuned = Tuned(entry, run_dir, tuple(p for p in written.files if p.name.startswith(FORMAT)))
         except UserError as e:
-            tuned = Tuned(entry, None, (), str(e))
+            tuned = Tuned(entry, run_dir, (), str(e))
         done.append(tuned)
         if on_done:
             on_done(tuned)
