@@ -136,7 +136,7 @@ def _check_max_tokens(max_tokens: int) -> None:
 
 def _table_pairs(table, max_tokens: int) -> list[tuple[int, TileConfig]]:
     """(M, the config the lookup reads at M) for every M of 1..``max_tokens``: its nearest key's."""
-    return [(M, table[table.nearest_key(M)]) for M in range(1, max_tokens + 1)]
+    return [(M, table.nearest(M)) for M in range(1, max_tokens + 1)]
 
 
 def _as_list(value) -> list:

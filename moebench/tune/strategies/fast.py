@@ -31,7 +31,7 @@ class Options:
 
 
 def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
-    own = {M: _seeds(cands.ranked(M), opts) for M in bench.ms}
+    own = {M: list({c.key(): c for c in _seeds(cands.ranked(M), opts)}.values()) for M in bench.ms}
     seed = list({c.key(): c for M in bench.ms for c in own[M]}.values())
     failed = bench.compile(seed)
     timed: dict[int, dict[tuple, object]] = {M: {} for M in bench.ms}  # M -> config key -> its screen
@@ -40,8 +40,8 @@ def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
         for M, ts in bench.time(work, "screen").items():
             timed[M].update((t.config.key(), t) for t in ts)
 
-    screen({M: [c for c in (seed if opts.share else list({c.key(): c for c in own[M]}.values()))
-                if c.key() not in failed and cands.allowed(M, c)] for M in bench.ms})
+    screen({M: [c for c in (seed if opts.share else own[M]) if c.key() not in failed and cands.allowed(M, c)]
+            for M in bench.ms})
     leaders = {M: fastest(timed[M].values(), opts.lead) for M in bench.ms}
     moved = set(bench.ms)  # the M whose leaders changed at the last step: only they climb on
     for _ in range(opts.climbs):
