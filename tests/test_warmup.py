@@ -75,6 +75,13 @@ def test_a_table_file_gives_each_m_its_nearest_key_on_its_shape(tmp_path):
     assert plan.dtype == "fp32" and plan.source == str(path) and plan.notes == () and plan.max_tokens == 300
 
 
+def test_a_table_picked_across_shapes_warms_each_of_them(tmp_path):
+    """Hidden size and top-k are constexprs of the kernels: each listed value compiles kernels of its own."""
+    plan = plan_for_table(write(tmp_path, {1: A, 16: B}, hidden=[128, 256], topk=[1, 2]))
+    assert {(s.hidden, s.topk) for s in plan.shapes} == {(128, 1), (128, 2), (256, 1), (256, 2)}
+    assert plan.runs == 4 * len(plan.items)
+
+
 @pytest.mark.parametrize("table, hidden, dtype", [
     ({1: A, 16: B, 256: C}, 128, "fp32"),
     ({1: A, 48: B, 64: A, 1500: C}, 128, "fp16"),  # A again past B: the same launch as before, kept once
