@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-# The main job: the default sweep (moebench/sweeps/quick.yaml on a GPU; cpu.yaml, a tiny shape, on the
+# The main job: the default sweep (moebench/bench/sweeps/quick.yaml on a GPU; cpu.yaml, a tiny shape, on the
 # Triton interpreter where there is no GPU). Run folders go under results/, which git ignores.
 bench: install
 	$(PY) -m moebench sweep

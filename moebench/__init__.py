@@ -2,12 +2,12 @@
 
 Importing the package imports neither torch nor Triton: the command line stays fast, and the kernels
 (``moebench.kernels``) turn on the Triton interpreter where there is no GPU when they are first imported.
-``moebench.fused_moe`` and ``moebench.config_for`` (``moebench.api``) load them on first use.
+``moebench.fused_moe`` and ``moebench.config_for`` (``moebench.serve.api``) load them on first use.
 """
 
 __version__ = "0.1.0"
 
-_LAZY = {"fused_moe": "moebench.api", "config_for": "moebench.api"}  # attribute -> the module that holds it
+_LAZY = {"fused_moe": "moebench.serve.api", "config_for": "moebench.serve.api"}  # attribute -> the module that holds it
 
 
 def __getattr__(name: str):

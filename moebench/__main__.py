@@ -1,4 +1,4 @@
-from moebench.cli import main
+from moebench.cli.main import main
 
-if __name__ == "__main__":  # not in a worker process started by spawn (moebench.precompile)
+if __name__ == "__main__":  # not in a worker process started by spawn (moebench.workers.precompile)
     main()

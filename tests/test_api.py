@@ -15,17 +15,18 @@ import pytest
 import torch
 
 import moebench
-from moebench import api, lookup
 from moebench._interpret import interpreting
-from moebench.configs import ConfigTable
 from moebench.dtypes import DTYPES
 from moebench.environment import device_name
 from moebench.errors import UserError
 from moebench.models import MoEShape
-from moebench.paths import get_path
+from moebench.paths.registry import get_path
 from moebench.paths.torch_ref import moe_reference
 from moebench.problem import Problem, Weights, make_inputs
-from moebench.tables import TableMeta, table_file_name, write_table
+from moebench.serve import api
+from moebench.tables import lookup
+from moebench.tables.engine import ConfigTable
+from moebench.tables.own import TableMeta, table_file_name, write_table
 from moebench.tile import TileConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,11 +201,11 @@ def test_mismatched_tensors_are_one_line(case, message):
 
 
 def test_the_entry_points_load_on_first_use():
-    """`import moebench` loads neither moebench.api nor torch; `moebench.fused_moe` loads both."""
+    """`import moebench` loads neither moebench.serve.api nor torch; `moebench.fused_moe` loads both."""
     code = ("import sys, moebench\n"
-            "assert 'moebench.api' not in sys.modules and 'torch' not in sys.modules\n"
+            "assert 'moebench.serve.api' not in sys.modules and 'torch' not in sys.modules\n"
             "from moebench import config_for\n"
-            "assert moebench.fused_moe is sys.modules['moebench.api'].fused_moe and 'torch' in sys.modules\n")
+            "assert moebench.fused_moe is sys.modules['moebench.serve.api'].fused_moe and 'torch' in sys.modules\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert moebench.config_for is api.config_for and "fused_moe" in dir(moebench)

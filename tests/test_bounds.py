@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from moebench.errors import UserError
+from moebench.measure.roofline import Ceilings, floor
 from moebench.models import MoEShape
 from moebench.probes import bounds_measure as bm
 from moebench.probes.bounds import (
@@ -33,8 +34,7 @@ from moebench.probes.bounds import (
     summary_line,
 )
 from moebench.problem import Problem
-from moebench.results import ROW_COLUMNS, RunWriter, load_run
-from moebench.roofline import Ceilings, floor
+from moebench.store.runfolder import ROW_COLUMNS, RunWriter, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 CEIL = Ceilings(copy_gbps=4000.0, read_gbps=4500.0, bf16_tflops=800.0, fp8_tflops=1500.0)

@@ -17,16 +17,17 @@ import torch.nn.functional as F
 from helpers import declared_do_not_specialize, garbage_from_empty
 
 from moebench._interpret import interpreting
+from moebench.bench.sweep import check_point
 from moebench.errors import UserError
 from moebench.kernels import classic
 from moebench.kernels.act_quant import quantize_act
 from moebench.kernels.align import max_padded_len, moe_align
 from moebench.models import MoEShape
-from moebench.paths import Target, get_path
+from moebench.paths.base import Target
+from moebench.paths.registry import get_path
 from moebench.paths.torch_ref import moe_reference
 from moebench.problem import MoEInputs, Problem, make_inputs
 from moebench.quant import dequantize_weight
-from moebench.runner import check_point
 from moebench.tile import TileConfig
 
 GPU = torch.cuda.is_available() and not interpreting()

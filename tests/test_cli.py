@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from moebench._interpret import interpreting
-from moebench.results import ROW_COLUMNS, load_run
+from moebench.store.runfolder import ROW_COLUMNS, load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_RUN = ROOT / "tests" / "data" / "h200-quick"  # a run folder from an H200 (the quick spec)
@@ -178,7 +178,7 @@ def test_bad_yaml_spec(tmp_path):
 def test_export_configs_from_the_committed_h200_run(tmp_path):
     """The committed H200 sweep timed moebench's kernel (path triton) only: the engine layouts refuse it and say
     how to get their rows; --layout moebench writes one loadable table per (E, N, dtype) and the sidecar."""
-    from moebench.tables import load_table
+    from moebench.tables.own import load_table
 
     proc = moebench("export-configs", str(GPU_RUN), "--out", str(tmp_path / "vllm"))
     assert proc.returncode == 2 and "moebench tune --path triton-classic" in proc.stderr
@@ -309,7 +309,7 @@ def test_an_output_folder_on_a_read_only_mount_is_one_line(tmp_path, monkeypatch
     """A read-only file system (EROFS, simulated: creating any folder fails) ends in one line and exit 2."""
     import errno
 
-    from moebench import cli
+    from moebench.cli import main as cli
 
     def read_only(self, *args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from moebench.compare import (
+from moebench.errors import UserError
+from moebench.report.compare import (
     CHECK_COLUMNS,
     COMPARE_COLUMNS,
     KEY,
@@ -17,7 +18,6 @@ from moebench.compare import (
     device_mismatch,
     unmatched,
 )
-from moebench.errors import UserError
 
 SHAPE = {
     "model": "mixtral-8x7b", "experts": 8, "hidden": 4096, "intermediate": 14336, "topk": 2, "moe_layers": 32,

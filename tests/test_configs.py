@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from moebench.configs import SGLANG_TRITON, ConfigTable, best_configs, config_file_name, write_tables
 from moebench.errors import UserError
+from moebench.tables.engine import SGLANG_TRITON, ConfigTable, best_configs, config_file_name, write_tables
 from moebench.tile import TileConfig
 
 VLLM_KEYS = ["BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"]

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from moebench import cli
-from moebench.configs import SGLANG_TRITON, ConfigTable, best_configs, config_file_name
+from moebench.cli import main as cli
 from moebench.errors import UserError
-from moebench.export import SIDECAR
-from moebench.results import RunWriter, load_run
-from moebench.rows import Row
-from moebench.tables import FORMAT, VERSION, TableMeta, load_table, table_file_name, table_text
+from moebench.store.rows import Row
+from moebench.store.runfolder import RunWriter, load_run
+from moebench.tables.engine import SGLANG_TRITON, ConfigTable, best_configs, config_file_name
+from moebench.tables.export import SIDECAR
+from moebench.tables.own import FORMAT, VERSION, TableMeta, load_table, table_file_name, table_text
 from moebench.tile import DEFAULTS, TileConfig
 
 # vLLM's benchmark_moe.py default batch sizes: what a default tune covers

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from moebench import runs
 from moebench.errors import UserError
-from moebench.gate import check_same_problems, gate
+from moebench.report import runs
+from moebench.report.gate import check_same_problems, gate
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "results" / "baselines" / "h200-quick-d62257d"  # six quick sweeps, two machine starts

@@ -16,8 +16,10 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from moebench import plot, report, runs
-from moebench.html_report import render_html, write_html
+from moebench.report import charts as plot
+from moebench.report import runs
+from moebench.report import tables as report
+from moebench.report.page import render_html, write_html
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 KERNELS = RESULTS / "h200-kernels-0dcfbb8"  # 56 ok rows (triton and cutlass), 14 unsupported, TTFT-sized M

@@ -27,7 +27,7 @@ def test_import_moebench_loads_no_torch():
 
 
 def _help_commands() -> list[list[str]]:
-    from moebench.cli import cli
+    from moebench.cli.main import cli
 
     return [[], *([name] for name in cli.commands)]
 
@@ -37,7 +37,7 @@ def test_help_loads_no_torch(command):
     """`moebench [COMMAND] --help` prints its usage with none of the heavy modules imported."""
     code = (
         "import sys\n"
-        "from moebench.cli import main\n"
+        "from moebench.cli.main import main\n"
         f"sys.argv = ['moebench', *{command!r}, '--help']\n"
         "try:\n"
         "    main()\n"

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from moebench import lookup
-from moebench.configs import ConfigTable
+from moebench.bench.spec import Block, SweepSpec
+from moebench.bench.sweep import run_sweep, validate
 from moebench.environment import device_name
 from moebench.errors import UserError
 from moebench.models import get_model
-from moebench.paths import Target, get_path
-from moebench.results import load_run
-from moebench.runner import run_sweep, validate
-from moebench.spec import Block, SweepSpec
-from moebench.tables import TableMeta, table_file_name, write_table
+from moebench.paths.base import Target
+from moebench.paths.registry import get_path
+from moebench.store.runfolder import load_run
+from moebench.tables import lookup
+from moebench.tables.engine import ConfigTable
+from moebench.tables.own import TableMeta, table_file_name, write_table
 from moebench.tile import TileConfig
 
 TINY = get_model("tiny")  # E=8, I=64

@@ -13,15 +13,16 @@ import torch
 from helpers import garbage_from_empty
 
 from moebench._interpret import interpreting
+from moebench.bench.sweep import check_point
 from moebench.dtypes import DTYPES
 from moebench.errors import UserError
 from moebench.kernels.act_quant import quantize_act
 from moebench.models import MoEShape
-from moebench.paths import Target, get_path
+from moebench.paths.base import Target
 from moebench.paths.cutlass_path import grouped_moe_bf16
+from moebench.paths.registry import get_path
 from moebench.paths.torch_ref import moe_reference
 from moebench.problem import Problem, make_inputs
-from moebench.runner import check_point
 from moebench.tile import TileConfig
 
 GPU = torch.cuda.is_available() and not interpreting()

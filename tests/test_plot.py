@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 from matplotlib.text import Text
 
-from moebench import plot, report, runs
 from moebench.errors import UserError
-from moebench.results import RunWriter
-from moebench.rows import Row
+from moebench.report import charts as plot
+from moebench.report import runs
+from moebench.report import tables as report
+from moebench.store.rows import Row
+from moebench.store.runfolder import RunWriter
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "results" / "h200-kernels-0dcfbb8"  # 3 models, bf16/fp8, triton and cutlass, 7 M (H200)

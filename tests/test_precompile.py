@@ -11,11 +11,11 @@ import torch
 
 from moebench._interpret import interpreting
 from moebench.models import get_model
-from moebench.paths import get_path
-from moebench.precompile import WORKER_OVERHEAD_BYTES, Precompiler, workers_for
+from moebench.paths.registry import get_path
 from moebench.problem import Problem, make_inputs
 from moebench.tile import TileConfig
-from moebench.tuning import candidates
+from moebench.tune.handpicked import candidates
+from moebench.workers.precompile import WORKER_OVERHEAD_BYTES, Precompiler, workers_for
 
 TINY = get_model("tiny")
 

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from moebench.errors import UserError
-from moebench.report import (
+from moebench.report.tables import (
     INTERPRETER_CAPTION,
     THROUGHPUT_COLUMNS,
     TTFT_COLUMNS,
@@ -221,7 +221,7 @@ def _tuned_rows() -> pd.DataFrame:
 
 def test_gains_table_ratios_come_from_the_rows():
     """swap_gain = best plain / best swapped; fp8_gain = bf16 best / fp8 best; vs_cutlass = cutlass / triton."""
-    from moebench.report import gains_table, geomean_pct_of_floor
+    from moebench.report.tables import gains_table, geomean_pct_of_floor
 
     g = gains_table(_tuned_rows()).set_index("dtype")
     assert g.loc["bf16", "time_us"] == 80.0 and g.loc["bf16", "config"].endswith("swap")
@@ -236,7 +236,7 @@ def test_gains_table_ratios_come_from_the_rows():
 def test_gains_name_each_points_commit_where_runs_differ():
     """Rows drawn from runs of two commits: a last column names the commit of each point's best row; rows
     of one commit (or none recorded) get no such column."""
-    from moebench.report import GAINS_COLUMNS, gains_table
+    from moebench.report.tables import GAINS_COLUMNS, gains_table
 
     df = _tuned_rows()
     df["commit"] = "aaaaaaa"
@@ -251,7 +251,7 @@ def test_gains_name_each_points_commit_where_runs_differ():
 def test_gains_config_names_the_fields_set_away_from_their_defaults():
     """The config column of the gains table spells out the fields a reader needs to rebuild the tile:
     row tiles per group only when more than one, and the moebench-only switches when on."""
-    from moebench.report import gains_table
+    from moebench.report.tables import gains_table
 
     df = _tuned_rows()
     df.loc[df["time_us"] == 80.0, "config"] = [{**df.loc[0, "config"], "GROUP_SIZE_M": 8, "swap_ab": True,
@@ -279,7 +279,7 @@ def _cpu_rows() -> pd.DataFrame:
 def test_an_interpreter_run_shows_its_check_not_throughput():
     """Interpreter rows: correct and rel_err follow the throughput columns, failed checks are listed, and
     the throughput figures (GPU-like claims from CPU wall clock) are empty."""
-    from moebench.report import CHECK_COLUMNS, INTERPRETER_VIEW, is_interpreter_run
+    from moebench.report.tables import CHECK_COLUMNS, INTERPRETER_VIEW, is_interpreter_run
 
     df = _cpu_rows()
     assert is_interpreter_run(df) and not is_interpreter_run(sample())
@@ -305,7 +305,7 @@ def test_gpu_rows_beside_interpreter_rows_keep_their_figures():
 
 def test_the_printed_ttft_table_is_gpu_prefill_only():
     """No TTFT from interpreter rows or from M below prefill size (a 1-token layer is no first token)."""
-    from moebench.report import prefill_ttft_table
+    from moebench.report.tables import prefill_ttft_table
 
     assert prefill_ttft_table(_cpu_rows()).empty
     assert list(prefill_ttft_table(_cpu_rows()).columns) == TTFT_COLUMNS

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from moebench.errors import UserError, os_error_line
-from moebench.results import META_FILE, ROWS_FILE, ensure_out_dir, load_run, write_text_atomic
+from moebench.store.runfolder import META_FILE, ROWS_FILE, ensure_out_dir, load_run, write_text_atomic
 
 
 def _umask() -> int:

@@ -15,11 +15,14 @@ from pathlib import Path
 import pytest
 
 from moebench._interpret import interpreting
+from moebench.bench.spec import Block, SweepSpec
+from moebench.bench.sweep import SweepPlan, run_sweep, sweep_request
 from moebench.errors import UserError
 from moebench.models import get_model
-from moebench.paths import Target
+from moebench.paths.base import Target
 from moebench.problem import Problem
-from moebench.results import (
+from moebench.store.rows import Row
+from moebench.store.runfolder import (
     META_FILE,
     ROWS_FILE,
     Interrupted,
@@ -33,9 +36,6 @@ from moebench.results import (
     stop_on_sigterm,
     write_json_atomic,
 )
-from moebench.rows import Row
-from moebench.runner import SweepPlan, run_sweep, sweep_request
-from moebench.spec import Block, SweepSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = get_model("tiny")

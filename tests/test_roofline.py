@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from moebench.kernels.stream import read_all, read_rows
+from moebench.measure.roofline import Ceilings, floor
 from moebench.models import MoEShape
 from moebench.problem import Problem
-from moebench.roofline import Ceilings, floor
 
 CEIL = Ceilings(copy_gbps=4000.0, read_gbps=4500.0, bf16_tflops=800.0, fp8_tflops=1500.0)
 SHAPE = MoEShape("m", experts=8, hidden=4096, intermediate=14336, topk=2)

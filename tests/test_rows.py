@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import pytest
 
+from moebench.bench.spec import Block, SweepSpec
+from moebench.bench.sweep import run_sweep
 from moebench.models import get_model
-from moebench.paths import Target
+from moebench.paths.base import Target
 from moebench.problem import Problem
-from moebench.results import ROW_COLUMNS, ROWS_FILE, RunWriter, load_run
-from moebench.rows import Row
-from moebench.runner import run_sweep
-from moebench.spec import Block, SweepSpec
+from moebench.store.rows import Row
+from moebench.store.runfolder import ROW_COLUMNS, ROWS_FILE, RunWriter, load_run
 from moebench.tile import TileConfig
 
 TINY = get_model("tiny")

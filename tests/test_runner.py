@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from moebench._interpret import interpreting
+from moebench.bench.spec import Block, SweepSpec
+from moebench.bench.sweep import run_sweep
 from moebench.models import get_model
-from moebench.paths import Target
+from moebench.paths.base import Target
 from moebench.problem import Problem, make_inputs
-from moebench.results import load_run
-from moebench.runner import run_sweep
-from moebench.spec import Block, SweepSpec
+from moebench.store.runfolder import load_run
 from moebench.tile import TileConfig
-from moebench.tuning import candidates
+from moebench.tune.handpicked import candidates
 
 
 @pytest.mark.skipif(not interpreting(), reason="bf16 is refused only under the interpreter")
@@ -49,7 +49,7 @@ def test_pinned_configs_replace_the_candidates_at_the_points_they_name(tmp_path,
     """A config pinned for (model, dtype, M) is the one row of that point, tuning or not; other points keep
     the tuner's candidates (here its first three, so the interpreter runs a few: the tuned-sweep test above
     runs them all)."""
-    import moebench.runner as runner
+    import moebench.bench.sweep as runner
 
     monkeypatch.setattr(runner, "candidates", lambda problem: candidates(problem)[:3])
     tiny = get_model("tiny")
@@ -100,17 +100,17 @@ class CountingPath:
 
 @pytest.fixture
 def counting(monkeypatch):
-    from moebench.paths import base
+    from moebench.paths import registry
 
     path = CountingPath()
-    monkeypatch.setitem(base._REGISTRY, path.name, path)
+    monkeypatch.setitem(registry.PATHS, path.name, path)
     return path
 
 
 def test_one_pipeline_per_point_support_once_prepare_once_per_config_one_closure(tmp_path, counting):
     """Support is decided once per (point, path); each candidate is prepared once, and that one closure is
     checked and then, only where correct, timed (a Swap-AB candidate here writes zeros: checked, not timed)."""
-    from moebench.runner import validate
+    from moebench.bench.sweep import validate
 
     tiny = get_model("tiny")
     spec = SweepSpec("t", (Block((tiny,), (1, 2), ("fp16",), ("counting",)),), tune=True)
@@ -139,9 +139,9 @@ def test_the_check_and_the_timing_share_the_inputs_the_row_describes(tmp_path, c
 
 def test_a_plan_refuses_a_path_that_runs_nothing_here(monkeypatch):
     """The refusal comes from the plan's own support decisions, before anything is written."""
+    from moebench.bench.sweep import SweepPlan
     from moebench.errors import UserError
-    from moebench.paths import base
-    from moebench.runner import SweepPlan
+    from moebench.paths import registry
 
     class Never(CountingPath):
         def supports(self, problem, target):
@@ -152,7 +152,7 @@ def test_a_plan_refuses_a_path_that_runs_nothing_here(monkeypatch):
     assert [p.reason for p in plan.points] == [None] and plan.rows == 1
     never = Never()
     never.name = "never"
-    monkeypatch.setitem(base._REGISTRY, never.name, never)
+    monkeypatch.setitem(registry.PATHS, never.name, never)
     with pytest.raises(UserError, match="'never' cannot run any point.*never here"):
         SweepPlan.build(SweepSpec("t", (Block((get_model("tiny"),), (1,), ("fp16",), ("torch", "never")),)),
                         Target.current())

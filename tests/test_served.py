@@ -13,12 +13,12 @@ import pytest
 from click.testing import CliRunner
 
 from moebench._interpret import interpreting
-from moebench.cli import cli
+from moebench.cli.main import cli
 from moebench.dtypes import get_dtype
 from moebench.errors import UserError
 from moebench.models import get_model, model_names
-from moebench.served import OPTIONS, SERVED, select
-from moebench.tables import table_file_name
+from moebench.tables.own import table_file_name
+from moebench.tune.served import OPTIONS, SERVED, select
 from moebench.tune.strategies import fast
 
 

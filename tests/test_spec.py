@@ -8,9 +8,7 @@ import pytest
 import torch
 
 import moebench
-from moebench.errors import UserError
-from moebench.paths import Target
-from moebench.spec import (
+from moebench.bench.spec import (
     GPU_MS,
     INTERPRETER_MS,
     SWEEPS_DIR,
@@ -22,6 +20,8 @@ from moebench.spec import (
     load_spec,
     shipped_specs,
 )
+from moebench.errors import UserError
+from moebench.paths.base import Target
 
 ROOT = Path(__file__).resolve().parent.parent
 REPO_SWEEPS = SWEEPS_DIR  # the shipped specs, inside the package
@@ -96,7 +96,7 @@ def test_a_spec_that_is_not_text_is_one_line(tmp_path):
 
 def test_default_specs_ship_inside_the_package():
     """An installed moebench finds its default specs beside its modules (package data), and they load."""
-    assert SWEEPS_DIR == Path(moebench.__file__).resolve().parent / "sweeps"
+    assert SWEEPS_DIR == Path(moebench.__file__).resolve().parent / "bench" / "sweeps"
     for interpreter, name in ((True, "cpu"), (False, "quick")):
         path = default_spec_file(interpreter)
         assert path.parent == SWEEPS_DIR and path.stem == name and load_spec(path).points()
@@ -114,7 +114,7 @@ def test_pyproject_ships_the_specs_as_package_data():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert "sweeps/*.yaml" in data["tool"]["setuptools"]["package-data"]["moebench"]
+    assert "bench/sweeps/*.yaml" in data["tool"]["setuptools"]["package-data"]["moebench"]
 
 
 def test_a_spec_argument_is_a_file_or_a_shipped_name(tmp_path, monkeypatch):
@@ -161,7 +161,7 @@ def test_runs_entries_are_strict(tmp_path):
 
 def test_from_options_explicit_shape_and_flags_over_a_spec():
     """An explicit shape takes the first --topk and sweeps the rest; flags replace a spec file's lists."""
-    from moebench.spec import from_options
+    from moebench.bench.spec import from_options
 
     plan = from_options(None, REPO_SWEEPS / "cpu.yaml", experts=8, hidden=64, intermediate=32, topk="2,4",
                         ms="1,3", paths="torch")
@@ -202,7 +202,7 @@ def test_a_spec_made_for_the_cpu_is_left_alone_and_a_gpu_spec_is_swapped():
 
 def test_the_default_sweep_runs_on_the_interpreter_as_it_is():
     """`moebench sweep` with no argument on a CPU: the cpu spec, which every path in it can run there."""
-    from moebench.runner import validate
+    from moebench.bench.sweep import validate
 
     plan, note = for_interpreter(from_options(None, default_spec_file(True)), CPU)
     assert note is None and plan.dtypes == ("fp16",)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from moebench import timing
 from moebench._interpret import interpreting
+from moebench.measure import timer as timing
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(DEVICE == "cpu" and not interpreting(), reason="needs a GPU or TRITON_INTERPRET=1")

@@ -13,12 +13,19 @@ import pytest
 from click.testing import CliRunner
 
 import moebench
-from moebench import trace, triton_cache
+import moebench.serve
 from moebench._interpret import interpreting
-from moebench.cli_trace import trace as trace_command
+from moebench.cli.trace import trace as trace_command
 from moebench.errors import UserError
-from moebench.jit_watch import CompileWatch, declared_do_not_specialize, decorator_args, layer_kernels, specialized
 from moebench.models import get_model
+from moebench.serve import trace, triton_cache
+from moebench.serve.jit_watch import (
+    CompileWatch,
+    declared_do_not_specialize,
+    decorator_args,
+    layer_kernels,
+    specialized,
+)
 from moebench.tile import TileConfig
 
 # ---- request streams ------------------------------------------------------------------------------------
@@ -258,7 +265,7 @@ def test_command_warmup_fills_the_cache_folder_first(tmp_path, monkeypatch):
     """The stand-in warmup is asked for every launch up to the largest request; the replay process then runs
     its plan's item once before the first request, and meta.json says so."""
     calls = {}
-    fake = types.ModuleType("moebench.warmup")
+    fake = types.ModuleType("moebench.serve.warmup")
     item = (1, TileConfig(16, 32, 32, 1, 2, 2))
 
     def plan_for_model(shape, dtype, configs_dir=None, max_tokens=4096):
@@ -270,8 +277,9 @@ def test_command_warmup_fills_the_cache_folder_first(tmp_path, monkeypatch):
         return types.SimpleNamespace(configs=2, kernels=6, seconds=1.5, cache_dir=str(cache_dir), failures=[],
                                      interpreter=True)
     fake.plan_for_model, fake.warm = plan_for_model, warm
-    monkeypatch.setitem(sys.modules, "moebench.warmup", fake)
-    monkeypatch.setattr(moebench, "warmup", fake, raising=False)  # where `from moebench import warmup` looks first
+    monkeypatch.setitem(sys.modules, "moebench.serve.warmup", fake)
+    # `from moebench.serve import warmup` looks at the package first
+    monkeypatch.setattr(moebench.serve, "warmup", fake, raising=False)
     cache = tmp_path / "cache"
     result = CliRunner().invoke(trace_command, ["--model", "tiny", "--dtype", "fp16", "--requests", "3",
                                                 "--max-tokens", "40", "--out", str(tmp_path),
@@ -291,9 +299,9 @@ def test_command_warmup_fills_the_cache_folder_first(tmp_path, monkeypatch):
 def test_warmup_startup_runs_the_plan_before_the_first_request(tmp_path, monkeypatch):
     """In-process replay with the real warmup (in this process): every layer call is recorded; the plan's
     (M, config) come first, once each, then the requests; their figures are in meta.json, not in the rows."""
-    from moebench import precompile
     from moebench.paths.triton_path import TritonPath
-    from moebench.warmup import plan_for_model
+    from moebench.serve.warmup import plan_for_model
+    from moebench.workers import precompile
 
     monkeypatch.setattr(precompile, "run_candidate", lambda path_name, problem, config: None)  # warm: no calls
     prepared, real = [], TritonPath.prepare

@@ -10,12 +10,13 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from moebench import report, runs
-from moebench.cli_report import print_tables
+from moebench.cli.report import print_tables
 from moebench.errors import UserError
-from moebench.html_report import render_html
-from moebench.plot import charts
-from moebench.trace import requests_table, summarize
+from moebench.report import runs
+from moebench.report import tables as report
+from moebench.report.charts import charts
+from moebench.report.page import render_html
+from moebench.serve.trace import requests_table, summarize
 
 QUICK = Path(__file__).resolve().parent.parent / "results" / "h200-quick-9476d0f"
 

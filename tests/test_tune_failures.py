@@ -17,7 +17,7 @@ from moebench.tile import TileConfig
 from moebench.tune import bench
 from moebench.tune.bench import PoolBench
 from moebench.tune.strategies import exhaustive
-from moebench.tune.workers import LocalPool
+from moebench.workers.local import LocalPool
 
 SHAPE = MoEShape("t", 8, 64, 32, 2)
 MS = (1, faulty.TIME_CRASH_AT)

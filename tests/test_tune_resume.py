@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from moebench.results import META_FILE, ROWS_FILE, load_run, run_status
+from moebench.store.runfolder import META_FILE, ROWS_FILE, load_run, run_status
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT_S = 300  # for a whole run: on the interpreter one takes 10-20 s

@@ -10,7 +10,7 @@ from moebench.hardware import HOPPER, DeviceLimits
 from moebench.models import get_model, shard
 from moebench.problem import Problem
 from moebench.tile import default_config, smem_bytes
-from moebench.tuning import candidates
+from moebench.tune.handpicked import candidates
 
 POINTS = [
     (get_model("mixtral-8x7b"), 1, "bf16"),  # decode: 16-row tiles
@@ -66,7 +66,7 @@ def test_default_tile_holds_a_busy_expert_up_to_64_rows():
 def test_every_class_tries_the_three_forms_of_the_topk_sum(monkeypatch):
     """Prefill and decode candidates include the atomic epilogue into float32 and into the output, and the
     stored-rows top-k sum; under the interpreter (no bf16 atomics) not the output form for bf16 outputs."""
-    import moebench.tuning as tuning
+    import moebench.tune.handpicked as tuning
 
     shape = get_model("qwen3-30b-a3b")
     forms = {(True, False), (True, True), (False, False)}
@@ -89,7 +89,7 @@ def test_block128_tall_tiles_get_eight_warps():
 
 def test_split_k_only_where_gemm1_grid_is_small():
     """DeepSeek-V3@tp8 at M=1 (8 experts x few column tiles) gets split-K variants; prefill does not."""
-    from moebench.tuning import split_for
+    from moebench.tune.handpicked import split_for
 
     ds = shard(get_model("deepseek-v3"), tp=8)
     decode = candidates(Problem(ds, 1, "fp8-block128"))
@@ -220,7 +220,7 @@ def test_gemm2_columns_first_tried_where_the_atomic_sum_is_larger_than_l2(monkey
     atomic-sum candidates, the bf16-output form included (as on a GPU), has a twin taking GEMM2's column
     chunks one after another, and no stored-sum candidate does. Qwen3 M=4096 (17 MB in bf16, 34 MB in
     float32) and decode get none. The L2 is an H100/H200 SXM's 50 MiB (a device may report more)."""
-    import moebench.tuning as tuning
+    import moebench.tune.handpicked as tuning
 
     monkeypatch.setattr(tuning, "interpreting", lambda: False)
     ds = shard(get_model("deepseek-v3"), tp=8)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from moebench import runs
-from moebench.compare import point_times
 from moebench.errors import UserError
-from moebench.variants import compare_within, point_columns
+from moebench.report import runs
+from moebench.report.compare import point_times
+from moebench.report.variants import compare_within, point_columns
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 KERNELS = RESULTS / "h200-kernels-0dcfbb8"  # triton and cutlass, bf16 and fp8, one row per point and path

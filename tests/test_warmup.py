@@ -14,21 +14,22 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from moebench import lookup, precompile
 from moebench._interpret import interpreting
-from moebench.cli import cli
-from moebench.cli_warmup import warmup as warmup_command
-from moebench.configs import ConfigTable
+from moebench.cli.main import cli
+from moebench.cli.warmup import warmup as warmup_command
 from moebench.environment import device_name
 from moebench.errors import UserError
 from moebench.kernels.fused_moe import DeviceFacts, LayerShapes, launch_plan
 from moebench.models import get_model
-from moebench.paths import get_path
+from moebench.paths.registry import get_path
 from moebench.problem import Problem
-from moebench.tables import TableMeta, table_file_name, write_table
+from moebench.serve.triton_cache import CACHE_ENV, kernel_entries
+from moebench.serve.warmup import launch_key, plan_for_model, plan_for_table, warm
+from moebench.tables import lookup
+from moebench.tables.engine import ConfigTable
+from moebench.tables.own import TableMeta, table_file_name, write_table
 from moebench.tile import TileConfig
-from moebench.triton_cache import CACHE_ENV, kernel_entries
-from moebench.warmup import launch_key, plan_for_model, plan_for_table, warm
+from moebench.workers import precompile
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = get_model("tiny")  # E=8, hidden 128, I=64, topk 2

@@ -14,8 +14,8 @@ import pytest
 import workers_tasks
 
 from moebench.errors import UserError
-from moebench.tune import workers
-from moebench.tune.workers import LocalPool, Task, make_pool
+from moebench.workers import local as workers
+from moebench.workers.local import LocalPool, Task, make_pool
 
 TESTS = Path(__file__).resolve().parent
 
@@ -170,7 +170,7 @@ def test_ray_missing_is_a_user_error(monkeypatch):
 
 def test_ray_pool_values_errors_crashes_and_hangs():
     pytest.importorskip("ray")
-    from moebench.tune.raypool import RayPool
+    from moebench.workers.ray import RayPool
 
     pool = RayPool("local", env={"PYTHONPATH": str(TESTS)}, num_cpus=2, include_dashboard=False,
                    log_to_driver=False)
@@ -194,7 +194,7 @@ def test_a_pool_left_open_does_not_hold_up_the_exit():
     code = ("import tempfile\n"
             "if __name__ == '__main__':\n"
             "    keep = tempfile.TemporaryDirectory()\n"
-            "    from moebench.tune.workers import LocalPool, Task\n"
+            "    from moebench.workers.local import LocalPool, Task\n"
             "    pool = LocalPool(2)\n"
             "    print([o.value for o in pool.run([Task('workers_tasks:double', (4,), 'k')])])\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,

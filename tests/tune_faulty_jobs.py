@@ -1,4 +1,4 @@
-"""Stand-ins for ``moebench.tune.jobs`` whose outcome the config decides, for tests/test_tune_failures.py.
+"""Stand-ins for ``moebench.workers.jobs`` whose outcome the config decides, for tests/test_tune_failures.py.
 
 ``first_run`` and ``time_configs`` return ``jobs.Result`` tuples as the real ones do, build no tensors, and
 fail on purpose by a marker in the config: a compile error, out of resources, a wrong answer, a worker that

@@ -1,5 +1,5 @@
-"""Interchangeable implementations of the whole MoE layer: triton, cutlass, torch."""
+"""Interchangeable implementations of the whole MoE layer (triton, triton-classic, cutlass, torch).
 
-from moebench.paths.base import MoEPath, Target, get_path, path_names
-
-__all__ = ["MoEPath", "Target", "get_path", "path_names"]
+``base`` holds the interface and ``Target``; ``registry`` names every path. Neither is imported here, so
+``moebench.paths.base`` loads no kernel.
+"""

@@ -1,4 +1,4 @@
-"""The interface every implementation of the whole MoE layer follows, and the registry.
+"""The interface every implementation of the whole MoE layer follows.
 
 A path is one small object: it says which problems it can run (``supports``
 returns the reason when it cannot) and turns inputs into a closure that
@@ -15,7 +15,6 @@ from typing import Protocol
 
 import torch
 
-from moebench.errors import UserError
 from moebench.problem import MoEInputs, Problem
 from moebench.tile import TileConfig
 
@@ -68,29 +67,3 @@ def triton_supports(problem: Problem, target: Target) -> str | None:
     if problem.spec.is_fp8 and target.capability is not None and target.capability < (8, 9):
         return "fp8 tensor cores need sm89 or newer"
     return None
-
-
-_REGISTRY: dict[str, MoEPath] = {}
-
-
-def register(path: MoEPath) -> MoEPath:
-    _REGISTRY[path.name] = path
-    return path
-
-
-def get_path(name: str) -> MoEPath:
-    _load_builtin()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise UserError(f"unknown path {name!r}; known: {', '.join(path_names())}") from None
-
-
-def path_names() -> list[str]:
-    _load_builtin()
-    return list(_REGISTRY)
-
-
-def _load_builtin() -> None:
-    # Explicit imports, in one place, instead of registration by import side effects elsewhere.
-    from moebench.paths import classic_path, cutlass_path, torch_ref, triton_path  # noqa: F401

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from moebench.kernels.classic import check_config, classic_moe, default_config
-from moebench.paths.base import Target, register, triton_supports
+from moebench.paths.base import Target, triton_supports
 from moebench.problem import MoEInputs, Problem
 from moebench.tile import TileConfig
 
@@ -36,6 +36,3 @@ class ClassicPath:
                         fp8_scheme=w.fp8_scheme, w13_scale=w.w13_scale, w2_scale=w.w2_scale, act_scale=w.act_scale)
 
         return run
-
-
-register(ClassicPath())

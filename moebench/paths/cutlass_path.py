@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from moebench.paths.base import Target, register
+from moebench.paths.base import Target
 from moebench.problem import MoEInputs, Problem
 from moebench.quant import quantize_rows, quantize_static, quantize_tensor
 from moebench.tile import TileConfig
@@ -105,6 +105,3 @@ class CutlassPath:
             s2 = s2[:, None].expand(-1, w.w2.shape[1]).contiguous()
         per_tensor = w.fp8_scheme == "tensor"
         return lambda out: grouped_moe_fp8(x, w.w13, w.w2, s13, s2, tw, ids, out, per_tensor, w.act_scale)
-
-
-register(CutlassPath())

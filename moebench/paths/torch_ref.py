@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from moebench.paths.base import Target, register
+from moebench.paths.base import Target
 from moebench.problem import MoEInputs, Problem, Weights
 from moebench.quant import dequantize_weight
 from moebench.tile import TileConfig
@@ -64,6 +64,3 @@ class TorchReferencePath:
             out.copy_(moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids))
 
         return run
-
-
-register(TorchReferencePath())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from moebench.kernels.fused_moe import DeviceFacts, LayerShapes, fused_moe, launch_plan
-from moebench.paths.base import Target, register, triton_supports
+from moebench.paths.base import Target, triton_supports
 from moebench.problem import MoEInputs, Problem
 from moebench.tile import TileConfig, kernel_default
 
@@ -35,6 +35,3 @@ class TritonPath:
                       fp8_scheme=w.fp8_scheme, w13_scale=w.w13_scale, w2_scale=w.w2_scale, act_scale=w.act_scale)
 
         return run
-
-
-register(TritonPath())

@@ -30,7 +30,7 @@ from moebench.dtypes import get_dtype
 from moebench.errors import UserError
 from moebench.models import MoEShape
 from moebench.problem import Problem
-from moebench.results import load_run, schema_warning
+from moebench.store.runfolder import load_run, schema_warning
 
 # A point: one shape, dtype, token count and routing (a different routing touches other experts, other bytes).
 POINT_KEY = ["model", "experts", "hidden", "intermediate", "topk", "dtype", "M", "routing"]

@@ -19,6 +19,8 @@ import triton
 from moebench.errors import UserError, one_line, os_error_line
 from moebench.hardware import DeviceLimits
 from moebench.kernels.stream import read_all
+from moebench.measure.roofline import Ceilings, floor, measure_ceilings
+from moebench.measure.timer import graph_method, time_graph, time_wallclock
 from moebench.probes.bounds import (
     GemmShape,
     bound_fields,
@@ -27,9 +29,7 @@ from moebench.probes.bounds import (
     problem_of,
     summarize,
 )
-from moebench.results import RunWriter, ensure_out_dir, new_run_dir
-from moebench.roofline import Ceilings, floor, measure_ceilings
-from moebench.timing import graph_method, time_graph, time_wallclock
+from moebench.store.runfolder import RunWriter, ensure_out_dir, new_run_dir
 
 Timer = Callable[[Callable[[], None]], float]  # median microseconds of one call of a closure
 
@@ -193,7 +193,7 @@ def preflight(points: pd.DataFrame, out_base: Path | None) -> list[str]:
     cannot hold run folders; return the warnings to show first (``mixing_warnings``: layer times from another
     GPU or timing method)."""
     from moebench.environment import device_name
-    from moebench.paths import Target
+    from moebench.paths.base import Target
 
     target = Target.current()
     if target.device.type != "cuda" or target.interpreter:

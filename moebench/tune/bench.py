@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from moebench.problem import Problem
 from moebench.tile import TileConfig
-from moebench.tune.workers import Pool, Task
+from moebench.workers.local import Pool, Task
 
 CHUNK = 48  # configs per timing task: a hang or a crash costs at most this many, which are then run one by one
 COMPILE_TIMEOUT_S = 300.0
@@ -88,7 +88,7 @@ class PoolBench(Bench):
 
     def __init__(self, path: str, problems: Mapping[int, Problem], compile_pool: Pool, time_pool: Pool,
                  on_result: Callable[[Timed], None], kept: Kept | None = None,
-                 on_progress: Callable[[str, int, int], None] | None = None, jobs: str = "moebench.tune.jobs"):
+                 on_progress: Callable[[str, int, int], None] | None = None, jobs: str = "moebench.workers.jobs"):
         self.path, self.problems = path, dict(problems)
         self.jobs = jobs  # the module whose first_run and time_configs the tasks call (tests swap in another)
         self.ms = tuple(sorted(self.problems))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from moebench.results import load_run
+from moebench.store.runfolder import load_run
 from moebench.tile import FIELDS, TileConfig
 
 ENGINE = [f.name for f in FIELDS if f.engine]

@@ -19,9 +19,11 @@ from moebench.environment import describe
 from moebench.errors import UserError
 from moebench.hardware import DeviceLimits
 from moebench.models import MoEShape
-from moebench.paths import Target, get_path
+from moebench.paths.base import Target
+from moebench.paths.registry import get_path
 from moebench.problem import Problem
-from moebench.results import (
+from moebench.store.rows import Row
+from moebench.store.runfolder import (
     RunWriter,
     find_resumable,
     new_run_dir,
@@ -30,14 +32,13 @@ from moebench.results import (
     stopped_in,
     write_json_atomic,
 )
-from moebench.rows import Row
 from moebench.tile import TileConfig
 from moebench.tune.bench import Kept, PoolBench, Timed
 from moebench.tune.candidates import Candidates
-from moebench.tune.jobs import BUDGETS
 from moebench.tune.prune import RULES, Facts
 from moebench.tune.space import get_space
 from moebench.tune.strategies import DEFAULT, get_strategy
+from moebench.workers.jobs import BUDGETS
 
 # vLLM's tuner's batch sizes: the keys of the tables it ships.
 VLLM_MS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
@@ -102,8 +103,8 @@ def _timed(row: dict) -> Timed:
 
 def _pools(target: Target, gpus: int | None, ray: str | bool | None, compile_jobs: int | None, weight_bytes: int):
     """(compile pool, time pool): first runs on many processes per GPU, timings on one worker per GPU."""
-    from moebench.precompile import default_jobs, workers_for
-    from moebench.tune.workers import LocalPool, local_gpus, make_pool
+    from moebench.workers.local import LocalPool, local_gpus, make_pool
+    from moebench.workers.precompile import default_jobs, workers_for
 
     time_pool = make_pool(gpus, ray)
     if target.interpreter or ray not in (None, False):

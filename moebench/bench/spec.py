@@ -1,0 +1,407 @@
+"""Sweep specs: what to run, from a YAML file or from CLI flags.
+
+A spec names model shapes, token counts, dtypes and paths; ``SweepSpec.points``
+expands it to the plan (problem x path). YAML specs are strict: an unknown key
+is an error that names it. The shipped specs live in ``moebench/bench/sweeps/``
+(package data; ``sweeps/`` at the top of the repository links to it), so an
+installed ``moebench sweep quick`` finds them by name. Example (quick.yaml)::
+
+    name: quick
+    models: [mixtral-8x7b, deepseek-v3]
+    m: [1, 16, 128, 1024, 4096]
+    dtypes: [bf16]
+    paths: [triton, cutlass]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import yaml
+
+from moebench.dtypes import get_dtype
+from moebench.errors import UserError
+from moebench.models import MoEShape, from_hf_config, get_model, shard
+from moebench.paths.base import Target
+from moebench.paths.registry import get_path
+from moebench.problem import Problem
+from moebench.routing import ROUTINGS
+
+SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"  # the shipped specs (package data)
+CPU_SPEC, GPU_SPEC = "cpu", "quick"  # the default spec on the Triton interpreter / on a GPU
+
+# key -> what it holds (the strict schema, also shown in errors)
+SPEC_KEYS = {
+    "name": "run name (folder suffix)",
+    "description": "free text",
+    "models": "preset names",
+    "hf_configs": "paths to Hugging Face config.json files (relative to the spec)",
+    "shapes": "explicit shapes: {name, experts, hidden, intermediate, topk[, moe_layers]}",
+    "m": "token counts",
+    "topk": "override the models' top-k (int or list)",
+    "dtypes": "dtype names",
+    "paths": "path names",
+    "routing": "uniform or skewed",
+    "seed": "int",
+    "tp": "tensor-parallel degree (divides intermediate)",
+    "ep": "expert-parallel degree (divides experts)",
+    "tune": "try the tile-config candidates of moebench.tune.handpicked for tunable paths (one row each)",
+    "runs": "a list of blocks, each a mapping of block keys that override the top level's",
+}
+# Keys that describe one block of the plan (a product of shapes x dtypes x M x paths).
+BLOCK_KEYS = ("models", "hf_configs", "shapes", "m", "topk", "dtypes", "paths", "tp", "ep")
+SHAPE_KEYS = ("name", "experts", "hidden", "intermediate", "topk", "moe_layers")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One product of the plan: every shape x dtype x M x path."""
+
+    shapes: tuple[MoEShape, ...]
+    ms: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    paths: tuple[str, ...]
+
+    def validate(self, name: str) -> None:
+        for field, value in (("models/shapes", self.shapes), ("m", self.ms), ("dtypes", self.dtypes),
+                             ("paths", self.paths)):
+            if not value:
+                raise UserError(f"sweep '{name}': {field} is empty")
+        for m in self.ms:
+            if m <= 0:
+                raise UserError(f"sweep '{name}': M must be positive, got {m}")
+        for d in self.dtypes:
+            get_dtype(d)
+        for p in self.paths:
+            get_path(p)
+
+
+def _union(items) -> tuple:
+    return tuple(dict.fromkeys(items))
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    blocks: tuple[Block, ...]
+    routing: str = "uniform"
+    seed: int = 0
+    tune: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.blocks:
+            raise UserError(f"sweep '{self.name}': nothing to run")
+        for b in self.blocks:
+            b.validate(self.name)
+        if self.routing not in ROUTINGS:
+            raise UserError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
+
+    shapes = property(lambda self: _union(s for b in self.blocks for s in b.shapes))
+    ms = property(lambda self: _union(m for b in self.blocks for m in b.ms))
+    dtypes = property(lambda self: _union(d for b in self.blocks for d in b.dtypes))
+    paths = property(lambda self: _union(p for b in self.blocks for p in b.paths))
+
+    def points(self) -> list[tuple[Problem, str]]:
+        """The plan, grouped so one (shape, dtype) shares its weights: block, shape, dtype, M, path."""
+        return [
+            (Problem(shape, m, dtype, self.routing, self.seed), path)
+            for b in self.blocks
+            for shape in b.shapes
+            for dtype in b.dtypes
+            for m in b.ms
+            for path in b.paths
+        ]
+
+
+def override(spec: SweepSpec, ms: tuple[int, ...] | None = None, dtypes: tuple[str, ...] | None = None,
+             paths: tuple[str, ...] | None = None, topks: tuple[int, ...] | None = None,
+             routing: str | None = None, seed: int | None = None, tune: bool | None = None) -> SweepSpec:
+    """Flags given with a spec file: each one given replaces that list in every block."""
+    blocks = []
+    for b in spec.blocks:
+        changes = {k: v for k, v in (("ms", ms), ("dtypes", dtypes), ("paths", paths)) if v}
+        if topks:
+            changes["shapes"] = tuple(_with_topk(list(b.shapes), topks))
+        blocks.append(replace(b, **changes))
+    top = {k: v for k, v in (("routing", routing), ("seed", seed), ("tune", tune)) if v is not None}
+    return replace(spec, blocks=tuple(blocks), **top)
+
+
+def _int_list(value, what: str) -> tuple[int, ...]:
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        value = [value]
+    out = []
+    for v in value or []:
+        for part in str(v).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                out.append(int(part))
+            except ValueError:
+                raise UserError(f"{what}: {part!r} is not an integer") from None
+    return tuple(out)
+
+
+def _str_list(value) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    return tuple(p.strip() for v in value or [] for p in str(v).split(",") if p.strip())
+
+
+def _int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise UserError(f"{what}: expected an integer, got {value!r}")
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"{what}: expected an integer, got {value!r}") from None
+
+
+def _bool(value, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise UserError(f"{what}: expected true or false, got {value!r}")
+    return value
+
+
+def _with_topk(shapes: list[MoEShape], topks: tuple[int, ...]) -> list[MoEShape]:
+    if not topks:
+        return shapes
+    out = []
+    for s in shapes:
+        for k in topks:
+            if k <= 0 or k > s.experts:
+                raise UserError(f"{s.name}: top-k {k} impossible with {s.experts} experts")
+            out.append(s if k == s.topk else replace(s, topk=k, name=f"{s.name}-top{k}"))
+    return out
+
+
+def build_block(
+    models: tuple[str, ...] = (),
+    hf_configs: tuple[str | Path, ...] = (),
+    shapes: tuple[MoEShape, ...] = (),
+    ms: tuple[int, ...] = (),
+    topks: tuple[int, ...] = (),
+    dtypes: tuple[str, ...] = ("bf16",),
+    paths: tuple[str, ...] = ("triton", "cutlass"),
+    tp: int = 1,
+    ep: int = 1,
+) -> Block:
+    base = [get_model(m) for m in models] + [from_hf_config(p) for p in hf_configs] + list(shapes)
+    if not base:
+        raise UserError("nothing to sweep: give a spec file, --model, --hf-config or an explicit shape")
+    sharded = [shard(s, tp=tp, ep=ep) for s in base]
+    return Block(tuple(_with_topk(sharded, topks)), tuple(ms), tuple(dtypes), tuple(paths))
+
+
+def build_spec(name: str, routing: str = "uniform", seed: int = 0, tune: bool = False, **block) -> SweepSpec:
+    """A one-block spec from flags (the keyword arguments of ``build_block``)."""
+    return SweepSpec(name, (build_block(**block),), routing, seed, tune)
+
+
+def explicit_shape(experts: int, hidden: int, intermediate: int, topk: int, name: str | None = None,
+                   moe_layers: int = 1) -> MoEShape:
+    return MoEShape(name or f"custom-e{experts}-h{hidden}-i{intermediate}", experts, hidden, intermediate,
+                    topk, moe_layers)
+
+
+def shipped_specs() -> list[str]:
+    """The names of the specs shipped in the package, sorted."""
+    return sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
+
+
+def default_spec_file(interpreter: bool) -> Path:
+    """The spec ``moebench sweep`` runs without SPEC or model flags: a tiny CPU one on the interpreter."""
+    return SWEEPS_DIR / f"{CPU_SPEC if interpreter else GPU_SPEC}.yaml"
+
+
+def find_spec(spec: str | Path) -> Path:
+    """A SPEC argument as a file: the path itself, else a shipped spec of that name ("quick", "quick.yaml")."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    shipped = SWEEPS_DIR / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
+    if path.parent == Path(".") and shipped.is_file():
+        return shipped
+    raise UserError(f"no sweep spec at {path}; shipped specs: {', '.join(shipped_specs())}")
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read a YAML sweep spec; every error is one line that names the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"no sweep spec at {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (a sweep spec is UTF-8 YAML)") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise UserError(f"{path}: malformed YAML{where}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a sweep spec is a mapping of keys ({', '.join(SPEC_KEYS)})")
+    unknown = [k for k in data if k not in SPEC_KEYS]
+    if unknown:
+        raise UserError(f"{path}: unknown key {unknown[0]!r}; known keys: {', '.join(SPEC_KEYS)}")
+    runs = data.get("runs")
+    if runs is not None and (not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs)):
+        raise UserError(f"{path}: runs must be a list of mappings of {', '.join(BLOCK_KEYS)}")
+    defaults = {k: v for k, v in data.items() if k in BLOCK_KEYS}
+    try:
+        blocks = []
+        for i, run in enumerate(runs or [{}]):
+            bad = [k for k in run if k not in BLOCK_KEYS]
+            if bad:
+                raise UserError(f"runs[{i}]: unknown key {bad[0]!r}; block keys: {', '.join(BLOCK_KEYS)}")
+            blocks.append(_block(path, {**defaults, **run}))
+        return SweepSpec(
+            name=str(data.get("name") or path.stem),
+            blocks=tuple(blocks),
+            routing=str(data.get("routing", "uniform")),
+            seed=_int(data.get("seed", 0), "seed"),
+            tune=_bool(data.get("tune", False), "tune"),
+        )
+    except UserError as e:
+        raise UserError(f"{path}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{path}: {e}") from None
+
+
+def _block(path: Path, data: dict) -> Block:
+    """One block from the block keys of a spec file (the top level merged with one entry of runs)."""
+    shapes = []
+    for i, s in enumerate(data.get("shapes") or []):
+        if not isinstance(s, dict):
+            raise UserError(f"shapes[{i}] must be a mapping of {', '.join(SHAPE_KEYS)}")
+        bad = [k for k in s if k not in SHAPE_KEYS]
+        missing = [k for k in SHAPE_KEYS[1:5] if k not in s]
+        if bad or missing:
+            what = f"unknown key {bad[0]!r}" if bad else f"missing {missing[0]!r}"
+            raise UserError(f"shapes[{i}]: {what}; keys: {', '.join(SHAPE_KEYS)}")
+        try:
+            shapes.append(explicit_shape(int(s["experts"]), int(s["hidden"]), int(s["intermediate"]),
+                                         int(s["topk"]), s.get("name"), int(s.get("moe_layers", 1))))
+        except (TypeError, ValueError):
+            raise UserError(f"shapes[{i}]: sizes must be integers") from None
+    return build_block(
+        models=_str_list(data.get("models")),
+        hf_configs=tuple(path.parent / p for p in _str_list(data.get("hf_configs"))),
+        shapes=tuple(shapes),
+        ms=_int_list(data.get("m"), "m"),
+        topks=_int_list(data.get("topk"), "topk"),
+        dtypes=_str_list(data.get("dtypes")) or ("bf16",),
+        paths=_str_list(data.get("paths")) or ("triton", "cutlass"),
+        tp=_int(data.get("tp", 1), "tp"),
+        ep=_int(data.get("ep", 1), "ep"),
+    )
+
+
+GPU_MS = (1, 16, 128, 1024, 4096)  # the flags' M: decode to prefill
+INTERPRETER_MS = (1, 16, 64)  # the cpu spec's M: what the interpreter runs in seconds
+DEFAULT_MS = ",".join(map(str, GPU_MS))
+
+
+def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_configs=(), experts=None,
+                 hidden=None, intermediate=None, topk=None, ms=None, dtypes=None, paths=None, routing=None,
+                 seed=None, tp=1, ep=1, tune=False) -> SweepSpec:
+    """The plan of `moebench sweep`: a spec file with flags over it, or flags alone, or the default file.
+
+    List options arrive as the user typed them (comma lists, possibly repeated).
+    """
+    for flag, value in (("--m", ms), ("--topk", topk), ("--dtype", dtypes), ("--path", paths)):
+        if value is not None and not _str_list(value):
+            raise UserError(f"{flag} is empty: give one or more values, comma separated")
+    shape_flags = (experts, hidden, intermediate)
+    flags_given = bool(models or hf_configs) or any(v is not None for v in shape_flags)
+    if spec_file and flags_given:
+        raise UserError("give either a SPEC file or --model/--hf-config/shape flags, not both")
+    if spec_file or not flags_given:
+        if tp != 1 or ep != 1:
+            raise UserError("--tp/--ep shard the flags' models; with a SPEC file set tp/ep in the file")
+        return override(
+            load_spec(find_spec(spec_file) if spec_file else default_file),
+            ms=_int_list(ms, "--m") if ms else None,
+            dtypes=_str_list(dtypes) or None,
+            paths=_str_list(paths) or None,
+            topks=_int_list(topk, "--topk") if topk else None,
+            routing=routing,
+            seed=seed,
+            tune=tune or None,
+        )
+    topks = _int_list(topk, "--topk") if topk else ()
+    shapes = ()
+    if any(v is not None for v in shape_flags):
+        if None in shape_flags or not topks:
+            raise UserError("an explicit shape needs --experts, --hidden, --intermediate and --topk")
+        shapes = (explicit_shape(experts, hidden, intermediate, topks[0]),)
+        topks = topks if len(topks) > 1 else ()
+    return build_spec(
+        name="sweep",
+        models=_str_list(models),
+        hf_configs=tuple(hf_configs),
+        shapes=shapes,
+        ms=_int_list(ms or DEFAULT_MS, "--m"),
+        topks=topks,
+        dtypes=_str_list(dtypes) or ("bf16",),
+        paths=_str_list(paths) or ("triton", "cutlass"),
+        routing=routing or "uniform",
+        seed=seed or 0,
+        tp=tp,
+        ep=ep,
+        tune=tune,
+    )
+
+
+# What the interpreter runs in place of the GPU defaults the user did not choose: bf16 dots come out wrong
+# there, torch (the float32 reference) runs anywhere a GPU-only path cannot, and the GPU's grid of M takes
+# minutes where INTERPRETER_MS takes seconds.
+INTERPRETER_DTYPES = {"bf16": "fp16"}
+INTERPRETER_PATH = "torch"
+
+
+def _interpreter_dtypes(dtypes: tuple[str, ...]) -> tuple[str, ...]:
+    return _union(INTERPRETER_DTYPES.get(d, d) for d in dtypes)
+
+
+def _cannot_run(spec: SweepSpec, block: Block, path_name: str, target: Target) -> str | None:
+    """Why ``path_name`` runs none of ``block``'s points on ``target`` even in the interpreter's dtypes, or None."""
+    friendly = replace(block, dtypes=_interpreter_dtypes(block.dtypes), paths=(path_name,))
+    path = get_path(path_name)
+    reasons = [path.supports(p, target) for p, _ in replace(spec, blocks=(friendly,)).points()]
+    return reasons[0] if all(reasons) else None
+
+
+def for_interpreter(spec: SweepSpec, target: Target, dtypes_given: bool = False, paths_given: bool = False,
+                    ms_given: bool = False) -> tuple[SweepSpec, str | None]:
+    """The sweep as the Triton interpreter can run it, and one line saying what changed (None: nothing did).
+
+    Where the user gave no --dtype, bf16 becomes fp16; where no --path, a path that needs a GPU (it runs
+    none of its block's points here, whatever the dtype) gives way to torch; where no --m, the GPU's
+    default M list becomes the cpu spec's. What the user chose is kept, so validation refuses it with its
+    reason. A spec's bf16, GPU-only paths and GPU grid change too: like the flags' defaults, they are
+    choices made for a GPU.
+    """
+    swaps: dict[str, str] = {}  # what was there -> what takes its place, with why
+    blocks = []
+    for b in spec.blocks:
+        if not dtypes_given:
+            swaps.update((d, f"{INTERPRETER_DTYPES[d]} in place of {d} (the interpreter computes {d} tl.dot wrongly)")
+                         for d in b.dtypes if d in INTERPRETER_DTYPES)
+            b = replace(b, dtypes=_interpreter_dtypes(b.dtypes))
+        if not paths_given:
+            dropped = {n: why for n in b.paths if (why := _cannot_run(spec, b, n, target))}
+            swaps.update((n, f"path {INTERPRETER_PATH} in place of {n} ({why.split(':')[0]})")
+                         for n, why in dropped.items())
+            if dropped:
+                b = replace(b, paths=_union([*(n for n in b.paths if n not in dropped), INTERPRETER_PATH]))
+        if not ms_given and b.ms == GPU_MS:
+            swaps["M"] = (f"M {','.join(map(str, INTERPRETER_MS))} in place of {','.join(map(str, GPU_MS))} "
+                          "(the interpreter is slow)")
+            b = replace(b, ms=INTERPRETER_MS)
+        blocks.append(b)
+    if not swaps:
+        return spec, None
+    note = f"No CUDA GPU, so: {'; '.join(swaps.values())}. --dtype, --path and --m choose."
+    return replace(spec, blocks=tuple(blocks)), note

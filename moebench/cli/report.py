@@ -1,0 +1,201 @@
+"""The commands that read run folders: ``report`` (tables, ``--html``), ``compare`` (two runs, a baseline
+gate, or variants within a run) and ``plot``. Each loads its runs once (``moebench.report.runs``) and hands them
+to library functions, so every output of a run comes from the same rows."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+FORMATS = ("table", "csv", "json")
+TABLES = ("throughput", "ttft", "cold_start")
+
+
+def _cli():
+    from moebench.cli import main as cli
+
+    return cli
+
+
+def load_runs(paths):
+    """The runs under ``paths`` (run folders or folders of run folders), their warnings said on stderr."""
+    from moebench.report import runs
+
+    loaded = runs.load(list(paths))
+    for w in loaded.warnings:
+        _cli()._note(w)
+    return loaded
+
+
+def print_tables(df, fmt: str, out, which: str | None = None, traces=()) -> None:
+    """The throughput table (for an interpreter run: its check against the fp32 reference), for GPU rows at
+    prefill-sized M the TTFT table, and for trace runs the cold-start table; ``which`` keeps one. CSV is
+    always one table (throughput unless ``which`` says another); JSON holds the tables under their names."""
+    import json
+
+    from rich.text import Text
+
+    from moebench.report import tables as report
+
+    tables = {"throughput": report.throughput_table(df), "ttft": report.prefill_ttft_table(df)}
+    if traces:
+        tables["cold_start"] = report.cold_start_table(traces)
+    if which:
+        if which not in tables:
+            from moebench.errors import UserError
+
+            raise UserError(f"--table {which}: no run named has that table (it needs a trace run folder)")
+        tables = {which: tables[which]}
+    if fmt == "table":
+        titles = {"throughput": "Correctness (CPU interpreter)" if report.is_interpreter_run(df)
+                  else "Throughput (MoE layer)", "ttft": "MoE share of time-to-first-token",
+                  "cold_start": "Cold start of the MoE kernels (trace)"}
+        for name, table in tables.items():
+            if len(table) or which or (name == "throughput" and not traces):
+                report.render(table, "table", titles[name], console=out)
+        for _, r in df[df["status"] != "ok"].iterrows() if len(df) else ():
+            line = Text(str(r["status"]), style="yellow")
+            line.append(f": {r['model']} {r['dtype']} M={r['M']} {r['path']}: {r['error']}")
+            out.print(line)
+    elif fmt == "csv":
+        _cli()._emit(report.render(tables[which or "throughput"], "csv", which or "throughput"))
+    else:
+        click.echo(json.dumps({name: json.loads(report.render(t, "json", name)) for name, t in tables.items()},
+                              indent=2))
+
+
+@click.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@click.option("--table", "which", type=click.Choice(TABLES), default=None,
+              help="Print only this table (csv prints one table: throughput unless this names another; "
+                   "cold_start needs a trace run folder).")
+@click.option("--gains", is_flag=True,
+              help="Instead: per triton point, best config and the Swap-AB, fp8 and vs-cutlass gains (and the "
+                   "git commit of its run, where the runs named differ). GPU runs only.")
+@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
+              help="Also write one self-contained HTML page (charts, tables, machine, ceilings, method).")
+def report(runs, fmt, which, gains, html_out):
+    """Print the tables of one or more run folders (rows taken together; each row keeps the floor of its
+    own run's ceilings). A folder of run folders (a baseline) counts as its runs."""
+    from moebench.errors import UserError
+    from moebench.report import tables as rep
+
+    loaded = load_runs(runs)
+    df = loaded.rows
+    if html_out is not None:
+        from moebench.report.page import write_html
+
+        write_html(loaded, html_out)
+        _cli()._note(f"report page: {html_out}")
+    if not gains:
+        print_tables(df, fmt, _cli()._console(), which, loaded.traces)
+        return
+    if rep.is_interpreter_run(df):
+        raise UserError("--gains sets GPU timings side by side; these rows come from the CPU interpreter, whose "
+                        "timings are not GPU performance (compare --by checks their correctness)")
+    table = rep.gains_table(df)
+    if fmt == "table":
+        rep.render(table, "table", f"triton gains: {', '.join(map(str, runs))}", console=_cli()._console())
+        geo, low = rep.geomean_pct_of_floor(table)
+        if table.empty or geo != geo:  # NaN: no % of floor to summarise
+            _cli()._console().print(f"{len(table)} points, none with a % of floor")
+        else:
+            _cli()._console().print(f"{len(table)} points: geometric mean {geo:.1f}% of floor, lowest {low:.1f}%")
+    else:
+        _cli()._emit(rep.render(table, fmt, "gains"))
+
+
+@click.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--by", type=click.Choice(["path", "dtype", "swap_ab"]), default=None,
+              help="Compare the variants of each point within ONE run (or baseline folder) instead of two runs.")
+@click.option("--base", "base_variant", default=None,
+              help="With --by: the variant the others are set against [default: cutlass, bf16, off].")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@click.option("--threshold", default=0.03, show_default=True,
+              help="Smallest relative change called FASTER/SLOWER, whatever the measured noise.")
+@click.option("--fail-slower", "fail_pct", type=click.FloatRange(min=0), default=None, metavar="PCT",
+              help="A regression gate: exit 1 naming the points more than PCT% slower than BASE and beyond noise "
+                   "(or ok in BASE and failed now); exit 2 for runs of different GPUs or problems.")
+@click.option("--fail-on-slower", is_flag=True, help="Exit 1 when any point is SLOWER (same as --fail-slower 0).")
+def compare(runs, by, base_variant, fmt, threshold, fail_pct, fail_on_slower):
+    """Compare BASE NEW point by point (SAME / FASTER / SLOWER / UNKNOWN against the noise of both), or
+    RUN --by path|dtype|swap_ab: variants of the same point side by side.
+
+    BASE may be a folder of several runs of one sweep (a baseline, results/baselines/...): its points take
+    the median of its runs and its noise includes the spread between them. CPU-interpreter runs are
+    compared for correctness only (CORRECT / BROKEN / FIXED / INCORRECT)."""
+    from moebench.errors import UserError
+    from moebench.report import compare as cmp
+
+    if by is not None:
+        if len(runs) != 1 or fail_pct is not None or fail_on_slower:
+            raise UserError("--by compares variants within one run: name one RUN, without a gate")
+        return _compare_within(runs[0], by, base_variant, fmt, threshold)
+    if len(runs) != 2:
+        raise UserError(f"compare takes BASE and NEW (got {len(runs)} folder(s)); or one RUN with --by")
+    if base_variant is not None:
+        raise UserError("--base goes with --by")
+    base_runs, new_runs = load_runs(runs[:1]), load_runs(runs[1:])
+    base_df, new_df = base_runs.rows, new_runs.rows
+    cmp.check_comparable(base_df, new_df)  # an interpreter run against a GPU run: one error, no warning first
+    if fail_on_slower and fail_pct is None:
+        fail_pct = 0.0
+    if fail_pct is not None:
+        return _gate(base_df, new_df, runs, fail_pct, threshold, fmt, len(base_runs.runs))
+    if w := cmp.device_mismatch(base_df, new_df):
+        _cli()._note(f"warning: {w}")
+    if cmp.is_interpreter(base_df):
+        table, title = cmp.check_table(base_df, new_df), f"Correctness (CPU interpreter): {runs[0]} -> {runs[1]}"
+    else:
+        table, title = cmp.compare_runs(base_df, new_df, min_threshold=threshold), f"{runs[0]} -> {runs[1]}"
+    _show(table, fmt, title)
+    if fmt == "table" and len(only := cmp.unmatched(base_df, new_df)):
+        _cli()._note(f"{len(only)} point(s) present in one run only")
+
+
+def _show(table, fmt: str, title: str) -> None:
+    from moebench.report import tables as rep
+
+    if fmt == "table":
+        rep.render(table, "table", title, console=_cli()._console())
+    else:
+        _cli()._emit(rep.render(table, fmt, "compare"))
+
+
+def _gate(base_df, new_df, runs, fail_pct: float, threshold: float, fmt: str, base_count: int) -> None:
+    from moebench.report.gate import gate
+
+    result = gate(base_df, new_df, fail_pct, min_threshold=threshold)
+    _show(result.table, fmt, f"gate: {runs[1]} against {runs[0]} (fail beyond {fail_pct:g}% and noise)")
+    if base_count == 1 and "noise" in result.table.columns:
+        _cli()._note("note: the baseline is one run, so run-to-run noise is unknown; a baseline of several runs "
+                     "made on more than one machine start carries it (docs/reports.md)")
+    for line in result.regressions:
+        _cli()._note(f"regression: {line}", "red")
+    _cli()._note(f"{len(result.regressions)} regression(s) in {len(result.table)} point(s)")
+    sys.exit(result.exit_status)
+
+
+def _compare_within(run: Path, by: str, base_variant, fmt: str, threshold: float) -> None:
+    from moebench.report.variants import compare_within
+
+    df = load_runs([run]).rows
+    table = compare_within(df, by, base_variant, min_threshold=threshold)
+    _show(table, fmt, f"{run}: by {by}, against {table['base'].iloc[0] if len(table) else base_variant}")
+
+
+@click.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", default=Path("plots"), show_default=True, type=click.Path(path_type=Path),
+              help="Folder the PNG charts are written to.")
+def plot(runs, out_dir):
+    """Draw PNG charts of one or more run folders: time and % of floor versus M, the gains, a tune's
+    table against the defaults, the MoE share of TTFT; for CPU-interpreter runs, their check only."""
+    from moebench.report.charts import write_charts
+
+    for path in write_charts(load_runs(runs), out_dir):
+        click.echo(str(path))

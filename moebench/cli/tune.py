@@ -1,0 +1,278 @@
+"""``moebench tune`` and ``moebench export-configs``: the commands over ``moebench.tune.run.tune`` (options in, a
+table of the chosen configs out) and ``tables.export.export_run`` (a run's tables where the engines read them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from moebench.cli.shape import one_shape, shape_options, token_counts
+from moebench.errors import UserError
+
+FORMATS = ("table", "csv", "json")
+
+
+def _options(pairs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    out = []
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        try:
+            out.append((name.strip(), int(value)))
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise UserError(f"--option {pair!r}: expected NAME=INTEGER, e.g. top=16")
+    return tuple(out)
+
+
+def summary_rows(result) -> list[dict]:
+    """One row per M: the chosen config, its time and the default's (timed back to back), the gain, and the
+    other run's choice where --check-against gave one."""
+    rows = []
+    for M in sorted(result.best):
+        b, d = result.best[M], result.default.get(M)
+        ours, theirs = result.check.get(M, (None, None))
+        rows.append({
+            "M": M, "config": b.config.label if b else None, "time_us": b.time_us if b else None,
+            "default": d.config.label if d else None, "default_us": d.time_us if d else None,
+            "gain": d.time_us / b.time_us if b and d and b.time_us and d.time_us else None,
+            "check_config": theirs.config.label if theirs else None,
+            "vs_check": ours.time_us / theirs.time_us if ours and theirs and ours.time_us and theirs.time_us else None,
+        })
+    return rows
+
+
+@click.command()
+@shape_options()
+@click.option("--dtype", default=None, help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128. "
+                                            "[default: bf16; without a GPU fp16]")
+@click.option("--path", "path_name", default="triton-classic", show_default=True,
+              type=click.Choice(["triton-classic", "triton"]),
+              help="The kernel: triton-classic (the engines' form; its tables are what export-configs writes for "
+                   "vLLM and SGLang) or triton (moebench's own).")
+@click.option("--m", "ms", default=None,
+              help="Token counts, comma list. [default: vLLM's 18: 1,2,4,...,3072,4096]")
+@click.option("--strategy", default="fast", show_default=True, type=click.Choice(["fast", "exhaustive"]),
+              help="fast: cost-model seeds, a local search, the best few re-timed; exhaustive: every pruned config.")
+@click.option("--option", "options", multiple=True, metavar="NAME=N",
+              help="A strategy option, repeatable (fast: top, lead, climbs, final; exhaustive: final, limit).")
+@click.option("--no-prune", is_flag=True, help="Keep configs the pruning rules would drop (only unrunnable ones go).")
+@click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
+@click.option("--ray", "ray_address", default=None, is_flag=False, flag_value="auto", metavar="[ADDRESS]",
+              help="Run the workers on a Ray cluster (ADDRESS; alone: Ray's default). Needs moebench[ray].")
+@click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
+              help="Processes that compile and first-run configs. [default: cores - 1, at most 12]")
+@click.option("--check-against", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Another tune's run folder (e.g. an exhaustive one): its choices re-timed beside this run's.")
+@click.option("--seed", default=0, show_default=True, help="Input seed.")
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+              help="Where the run folder is created.")
+@click.option("--fresh", is_flag=True, help="A new run folder even where a stopped tune of the same request resumes.")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+@click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
+def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, path_name, ms, strategy, options,
+         no_prune, gpus, ray_address, compile_jobs, check_against, seed, out_dir, fmt, progress, fresh):
+    """Tune the tile configs of one kernel for one shape and dtype over many M: a run folder with a row per
+    measurement (failures included, typed) and best.json, the chosen config per M beside the untuned default.
+
+    The same command after an interruption (Ctrl-C, SIGTERM, a kill) continues in the same folder. Export
+    the tables with `moebench export-configs RUN`.
+    """
+    import json
+    import time
+
+    from moebench._interpret import interpreting
+    from moebench.cli.main import _console, _emit, _note
+    from moebench.store.runfolder import ensure_out_dir
+    from moebench.tune.run import TuneRequest
+    from moebench.tune.run import tune as run_tune
+
+    shape = one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep)
+    interpreter = interpreting()
+    request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name, token_counts(ms), strategy,
+                          _options(options), seed=seed, prune=not no_prune)
+    ensure_out_dir(out_dir)
+    bar = _bar(progress)
+    state = {"failures": {}, "first_error": {}, "best": {}, "task": None}
+    started = time.monotonic()
+
+    def on_progress(what: str, done: int, total: int) -> None:
+        if interpreter and state["task"] is None:  # said once the request is valid and the tune starts
+            _note("No CUDA GPU: tuning on the Triton interpreter checks the search runs; its times are not GPU "
+                  "performance.", "yellow")
+        if state["task"] is None or bar.tasks[state["task"]].description != what:
+            state["task"] = bar.add_task(what, total=total, status="")
+        bar.update(state["task"], completed=done, total=total, status=_status())
+
+    def on_result(t) -> None:
+        if not t.ok:
+            state["failures"][t.failure] = state["failures"].get(t.failure, 0) + 1
+            state["first_error"].setdefault(t.failure, f"{t.config.label} at M={t.M}: {t.error}")
+        elif t.time_us is not None and t.time_us < state["best"].get(t.M, float("inf")):
+            state["best"][t.M] = t.time_us
+
+    def _status() -> str:
+        best = state["best"]
+        done = f"{len(best)}/{len(request.ms)} M timed"
+        last = max(best) if best else None
+        failed = sum(state["failures"].values())
+        return f"{done}, {failed} failed" + (f", best at M={last}: {best[last]:.1f} us" if last else "")
+
+    with bar:
+        result = run_tune(request, out_dir, gpus=gpus, ray=True if ray_address == "auto" else ray_address,
+                          compile_jobs=compile_jobs, fresh=fresh, check_against=check_against,
+                          on_progress=on_progress, on_result=on_result)
+    for failure, n in sorted(state["failures"].items()):
+        _note(f"{n} config{'s' if n > 1 else ''} failed ({failure}); the first: {state['first_error'][failure]}")
+    if result.resumed:
+        for w in result.resumed.get("warnings", []):  # a torn last row cut off
+            _note(w)
+        _note(f"resumed {result.run_dir}: {result.resumed['rows_kept']} rows kept "
+              f"(previous status: {result.resumed['previous_status']})")
+    rows = summary_rows(result)
+    if fmt == "json":
+        click.echo(json.dumps({"run": str(result.run_dir), "rows": rows}, indent=2))
+    elif fmt == "csv":
+        import pandas as pd
+
+        _emit(pd.DataFrame(rows).to_csv(index=False))
+    else:
+        from rich.table import Table
+
+        table = Table(title=f"tuned {request.path}: {shape.name} {request.dtype}")
+        for col in ("M", "config", "us", "default", "default us", "gain", *(("vs check",) if result.check else ())):
+            table.add_column(col, justify="left" if "config" in col or col == "default" else "right")
+        for r in rows:
+            cells = [str(r["M"]), r["config"] or "-", _num(r["time_us"]), r["default"] or "-",
+                     _num(r["default_us"]), _num(r["gain"], "{:.2f}x")]
+            if result.check:
+                cells.append(_num(r["vs_check"], "{:.3f}x"))
+            table.add_row(*cells)
+        _console().print(table)
+    _note(f"run folder: {result.run_dir} ({time.monotonic() - started:.0f} s); "
+          f"export: moebench export-configs {result.run_dir}")
+
+
+def _bar(progress: bool):
+    """The progress bar of a tune's phases on stderr: done of total, elapsed, left, a status field."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from moebench.cli.main import _err_console
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
+                    console=_err_console(), disable=not progress)
+
+
+def _num(v, fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+@click.command("export-configs")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", default=Path("configs"), show_default=True, type=click.Path(path_type=Path),
+              help="Folder to write into, with moebench-export.json (provenance of each file).")
+@click.option("--layout", default="vllm", show_default=True, type=click.Choice(["vllm", "sglang", "moebench"]),
+              help="vllm: OUT/<name>.json; sglang: OUT/configs/triton_<x_y_z>/<name>.json (both from "
+                   "triton-classic rows); moebench: OUT/moebench-tiles_<...>.json, moebench's kernel, every field.")
+@click.option("--engine-triton", default=None, metavar="X.Y.Z",
+              help="sglang: the Triton release the SGLang server runs, which names its folder "
+                   "[default: 3.8.0, SGLang 0.5.23's Triton].")
+def export_configs(run, out_dir, layout, engine_triton):
+    """Write a run's best tile config per (shape, dtype, M) where vLLM, SGLang or moebench reads it.
+
+    The engines' files come from the engines' kernel form (path triton-classic; a tune's final re-timings
+    where an M has them). Prints each file written, then the line that points the engine at them.
+    """
+    from moebench.cli.main import _load_run_warned, _note
+    from moebench.tables.export import export_run
+
+    meta, df = _load_run_warned(run)
+    done = export_run(meta, df, out_dir, layout=layout, engine_triton=engine_triton,
+                      source_run=str(Path(run).resolve()))
+    for w in done.warnings:
+        _note(w)
+    for p in done.files:
+        click.echo(str(p))
+    if done.env_line:
+        click.echo(done.env_line)
+
+
+@click.command("tune-tables")
+@click.option("--model", "models", multiple=True, help="Only this preset (repeatable). [default: every served one]")
+@click.option("--dtype", "dtypes", multiple=True, help="Only this dtype (repeatable).")
+@click.option("--list", "list_only", is_flag=True, help="Print the served shapes and dtypes, then exit.")
+@click.option("--m", "ms", default=None, help="Token counts, comma list. [default: vLLM's 18: 1,2,4,...,3072,4096]")
+@click.option("--into", "into", default=Path("configs"), show_default=True, type=click.Path(path_type=Path),
+              help="Folder the tables are written into (moebench/tables/shipped for the package's own).")
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+              help="Where the tunes' run folders are created.")
+@click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
+@click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
+              help="Processes that compile and first-run configs. [default: cores - 1, at most 12]")
+@click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
+def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs, progress):
+    """Tune moebench's kernel for each preset at the TP degree and dtypes it is served in, and write the
+    tables the triton path looks up (`moebench tune --path triton`, then `export-configs --layout moebench`,
+    per entry). A stopped run resumes where it stopped. `--list` shows the entries and why each is served so.
+    """
+    import time
+
+    from moebench._interpret import interpreting
+    from moebench.cli.main import _console, _note
+    from moebench.store.runfolder import ensure_out_dir
+    from moebench.tune.served import OPTIONS, select
+    from moebench.tune.served import tune_tables as run_all
+
+    entries = select(models, dtypes)
+    if list_only:
+        from rich.table import Table
+
+        table = Table(title="served shapes and dtypes")
+        for col in ("model", "tp", "dtype", "why"):
+            table.add_column(col)
+        for e in entries:
+            table.add_row(e.model, str(e.tp), e.dtype, e.why)
+        _console().print(table)
+        return
+    if interpreting():
+        raise UserError("tune-tables times GPU kernels and there is no CUDA GPU here (--list shows the entries)")
+    ensure_out_dir(out_dir)
+    started = time.monotonic()
+    options = " ".join(f"{k}={v}" for k, v in OPTIONS)
+    _note(f"{len(entries)} table(s), fast strategy with {options}")
+
+    bar, state = _bar(progress), {"entry": "", "task": None, "what": None}
+
+    def begin(i, entry) -> None:
+        state["entry"] = f"[{i + 1}/{len(entries)}] {entry.name}"
+
+    def on_progress(what: str, done: int, total: int) -> None:
+        if state["what"] != (state["entry"], what):
+            state["what"] = (state["entry"], what)
+            state["task"] = bar.add_task(f"{state['entry']}: {what}", total=total, status="")
+        bar.update(state["task"], completed=done, total=total)
+
+    def end(t) -> None:
+        if t.error:
+            _note(f"{t.entry.name}: not tuned: {t.error}", "yellow")
+        for f in t.files:
+            click.echo(str(f))
+
+    with bar:
+        done = run_all(entries, out_dir, into, token_counts(ms),
+                       {"gpus": gpus, "compile_jobs": compile_jobs, "on_progress": on_progress},
+                       on_entry=begin, on_done=end)
+    tuned = sum(1 for t in done if t.files)
+    _note(f"{tuned} of {len(done)} table(s) written into {into} in {time.monotonic() - started:.0f} s; "
+          f"use them: export MOEBENCH_CONFIGS={into.resolve()}")
+    if tuned < len(done):
+        raise SystemExit(1)

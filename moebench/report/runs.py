@@ -1,0 +1,156 @@
+"""The data every report reads: run folders loaded once into one table of rows and their runs' metadata.
+
+Tables (``report.tables``), comparisons (``report.compare``), charts (``report.charts``) and the
+HTML page (``report.page``) all take a ``Runs``, so what they show comes from the same rows and
+cannot disagree. A path named on the command line is a run folder, or a folder of run folders (a
+baseline made of several runs of the same sweep, ``results/baselines/...``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from moebench.errors import UserError
+from moebench.store.runfolder import (
+    META_FILE,
+    ROW_COLUMNS,
+    ROWS_FILE,
+    _read_rows,
+    load_run,
+    schema_warning,
+    status_warning,
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run folder: where it is, its ``meta.json`` and its rows (a ``run`` column names the folder)."""
+
+    path: Path
+    meta: dict
+    rows: pd.DataFrame
+
+    @property
+    def label(self) -> str:
+        return self.path.name
+
+    @property
+    def kind(self) -> str:
+        """"trace" for a ``moebench trace`` folder (a row per request), else "sweep" (sweeps and tunes)."""
+        return "trace" if self.meta.get("kind") == "trace" else "sweep"
+
+    @property
+    def interpreter(self) -> bool:
+        return bool(self.meta.get("interpreter"))
+
+    @property
+    def device(self) -> str:
+        return str(self.meta.get("device_name") or self.meta.get("gpu_name") or "unknown device")
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Several runs taken together: ``rows`` is their rows, one table, with ``run`` and ``commit`` columns."""
+
+    runs: tuple[Run, ...]
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def traces(self) -> list[Run]:
+        """The trace runs (``moebench trace``): their rows are requests, kept apart from the benchmark rows."""
+        return [r for r in self.runs if r.kind == "trace"]
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        """The benchmark rows of every sweep and tune run (trace runs' requests are in ``traces``)."""
+        frames = [r.rows for r in self.runs if r.kind != "trace"]
+        df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*ROW_COLUMNS, "run", "commit"])
+        df.attrs["warnings"] = list(self.warnings)
+        return df
+
+    @property
+    def devices(self) -> list[str]:
+        """The devices the runs ran on, each once, in order."""
+        return list(dict.fromkeys(r.device for r in self.runs))
+
+    @property
+    def interpreter(self) -> bool:
+        """True when every run ran on the CPU interpreter."""
+        return bool(self.runs) and all(r.interpreter for r in self.runs)
+
+    def machine_line(self) -> str:
+        """Where the runs ran and the ceilings each measured, in one line for a caption."""
+        parts = []
+        for device in self.devices:
+            metas = [r.meta for r in self.runs if r.device == device]
+            m = metas[0]
+            if m.get("interpreter"):
+                parts.append("CPU, Triton interpreter: timings are not GPU performance")
+                continue
+            soft = ", ".join(f"{k} {m[k]}" for k in ("torch", "triton") if m.get(k))
+            text = f"{device} ({soft})" if soft else device
+            ceil = ceilings_text([meta.get("ceilings") for meta in metas])
+            parts.append(f"{text}; ceilings {ceil}" if ceil else text)
+        return " | ".join(parts) or "no runs"
+
+
+def ceilings_text(ceilings: dict | list[dict | None] | None) -> str:
+    """One run's measured ceilings (its meta's ``ceilings``), or several runs' with a range where they differ,
+    as people read them: 'read 4.53-4.63 TB/s, bf16 794 TFLOP/s, fp8 1436 TFLOP/s'."""
+    found = [c for c in (ceilings if isinstance(ceilings, list) else [ceilings]) if c]
+
+    def span(key: str, scale: float, digits: int, unit: str) -> str | None:
+        values = sorted(c[key] / scale for c in found if c.get(key))
+        if not values:
+            return None
+        lo, hi = f"{values[0]:.{digits}f}", f"{values[-1]:.{digits}f}"
+        return f"{lo} {unit}" if lo == hi else f"{lo}-{hi} {unit}"
+
+    parts = [("read", span("read_gbps", 1000, 2, "TB/s")), ("bf16", span("bf16_tflops", 1, 0, "TFLOP/s")),
+             ("fp8", span("fp8_tflops", 1, 0, "TFLOP/s"))]
+    return ", ".join(f"{name} {text}" for name, text in parts if text)
+
+
+def run_folders(path: Path) -> list[Path]:
+    """``path`` itself where it is a run folder, else the run folders directly inside it (a baseline).
+
+    UserError where it is neither: no such folder, or a folder with no run in it.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise UserError(f"no run folder at {path}")
+    if (path / META_FILE).is_file() or (path / ROWS_FILE).is_file():
+        return [path]
+    inner = sorted(p.parent for p in path.glob(f"*/{META_FILE}") if (p.parent / ROWS_FILE).is_file())
+    if not inner:
+        raise UserError(f"{path} is not a moebench run folder (needs {META_FILE} and {ROWS_FILE}) "
+                        "nor a folder of run folders")
+    return inner
+
+
+def load_one(path: Path) -> tuple[Run, list[str]]:
+    """A run folder as a ``Run`` and the warnings to show with it (schema, status, a torn last row)."""
+    meta, df = load_run(path)
+    if meta.get("kind") == "trace":  # a row per request, not the benchmark's columns
+        records, torn = _read_rows(Path(path) / ROWS_FILE)
+        df = pd.DataFrame(records)
+        df.attrs["warnings"] = torn
+    warnings = [w for w in (schema_warning(meta, str(path)), status_warning(meta, str(path), len(df))) if w]
+    warnings += df.attrs.get("warnings", [])
+    df = df.assign(run=Path(path).name, commit=meta.get("git_commit"))
+    df.attrs = {}
+    return Run(Path(path), meta, df), warnings
+
+
+def load(paths: list[Path] | tuple[Path, ...]) -> Runs:
+    """Every run under ``paths`` (run folders, or folders of run folders), in the order given."""
+    runs, warnings = [], []
+    for p in paths:
+        for folder in run_folders(Path(p)):
+            run, w = load_one(folder)
+            runs.append(run)
+            warnings += w
+    return Runs(tuple(runs), tuple(warnings))

@@ -1,0 +1,101 @@
+"""One result row: the schema of a run's ``rows.jsonl``, declared once.
+
+A ``Row`` is one benchmark point run on one path with one tile config: what was
+run (the problem, the path, the config), what happened (status, the check
+against the float32 reference, the error), and what was measured (time,
+roofline figures). Its fields, in order, are the columns every row carries
+(``results.ROW_COLUMNS``); ``as_dict`` is the record written to disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from moebench.paths.base import Target
+    from moebench.problem import Problem
+
+STATUSES = ("ok", "unsupported", "incorrect", "error")
+# Why a tuning candidate has no time (``status`` "error" or "incorrect"): its kernels failed to compile, needed
+# more shared memory or registers than the GPU has, gave a wrong result, ran past the time limit, killed its
+# worker process, or raised another GPU-side error.
+FAILURES = ("compile", "resources", "incorrect", "hang", "crash", "error")
+# What a tuning row is: a short timing that ranks candidates, the longer re-timing of the few kept, or a
+# chosen config re-timed back to back with the path's untuned one ("default") or with another run's choice
+# ("check", ``moebench tune --check-against``).
+PHASES = ("screen", "final", "default", "check")
+
+
+@dataclass(frozen=True)
+class Row:
+    # the point: model shape, tokens, dtype, path, routing
+    model: str
+    experts: int
+    hidden: int
+    intermediate: int
+    topk: int
+    moe_layers: int
+    M: int
+    dtype: str
+    path: str
+    routing: str
+    seed: int
+    config: dict | None = None  # TileConfig.as_dict() for a tunable path, else None
+    # what happened
+    status: str = "ok"  # one of STATUSES
+    correct: bool | None = None  # output within the dtype's tolerance of the float32 reference
+    rel_err: float | None = None  # ||out - ref|| / ||ref||
+    # what was measured
+    time_us: float | None = None  # median
+    time_p20_us: float | None = None
+    time_p80_us: float | None = None
+    reps: int | None = None
+    floor_us: float | None = None  # the roofline's time floor for the bytes and FLOPs of the point
+    bound: str | None = None  # which ceiling sets the floor
+    pct_of_floor: float | None = None  # 100 * floor_us / time_us
+    tflops: float | None = None
+    gbps: float | None = None
+    flops: int | None = None  # 2 * M * topk * 3 * I * hidden
+    bytes: int | None = None  # Problem.min_bytes of the experts touched
+    experts_touched: int | None = None
+    # where and how
+    device_name: str = ""
+    interpreter: bool = False  # timed on the CPU interpreter: correctness only
+    timing_method: str | None = None
+    error: str | None = None  # why the point has no time (one line)
+    # tuning (``moebench tune``); None in a sweep's rows
+    phase: str | None = None  # one of PHASES
+    failure: str | None = None  # one of FAILURES, where a candidate has no time
+    # where a tunable path's config came from: a table ('configs:'/'env:'/'shipped:' + file @M=key, see
+    # moebench.tables.lookup), 'heuristic' (the path's untuned default), 'pinned', or 'candidate' (sweep --tune)
+    config_source: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"row status {self.status!r}; known: {', '.join(STATUSES)}")
+        if self.phase is not None and self.phase not in PHASES:
+            raise ValueError(f"row phase {self.phase!r}; known: {', '.join(PHASES)}")
+        if self.failure is not None and self.failure not in FAILURES:
+            raise ValueError(f"row failure {self.failure!r}; known: {', '.join(FAILURES)}")
+
+    @classmethod
+    def for_point(cls, problem: Problem, path_name: str, target: Target) -> Row:
+        """The row of ``problem`` on path ``path_name`` on ``target``, before anything is run."""
+        from moebench.environment import device_name
+
+        s = problem.shape
+        return cls(
+            model=s.name, experts=s.experts, hidden=s.hidden, intermediate=s.intermediate, topk=s.topk,
+            moe_layers=s.moe_layers, M=problem.M, dtype=problem.dtype, path=path_name, routing=problem.routing,
+            seed=problem.seed, flops=problem.flops, device_name=device_name(), interpreter=target.interpreter,
+        )
+
+    @classmethod
+    def columns(cls) -> tuple[str, ...]:
+        """The column names, in order."""
+        return tuple(f.name for f in fields(cls))
+
+    def as_dict(self) -> dict:
+        """The record as written to ``rows.jsonl``: every column, in order."""
+        return asdict(self)

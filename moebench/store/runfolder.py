@@ -1,0 +1,391 @@
+"""Run folders: versioned result rows as JSON Lines, the run's metadata, and resuming a stopped run.
+
+A run folder holds ``meta.json`` (schema version, machine, versions, command
+line, ceilings, timing method, status, the request's key, the writing process)
+and ``rows.jsonl`` (one JSON object per benchmark point, appended as each point
+finishes, so a killed run keeps what it measured). ``load_run`` reads a folder
+back into a pandas DataFrame. The same request started again finds its stopped
+folder (``find_resumable``) and reopens it (``RunWriter(..., resume=True)``):
+rows already there are kept and only the rest are run.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import math
+import os
+import platform
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+
+from moebench.errors import UserError, one_line
+from moebench.store.rows import Row
+
+SCHEMA_VERSION = 1
+META_FILE = "meta.json"
+ROWS_FILE = "rows.jsonl"
+
+# Columns every row carries, in this order (csv/json output and readers rely on them): the fields of Row.
+ROW_COLUMNS = Row.columns()
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write to a temp file in the same folder (created if missing), then rename: no reader sees half a file.
+
+    The temp file is created with the permissions of any new file (0666 less the umask), not the 0600 of
+    ``tempfile``, so the renamed file reads like one written in place.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def ensure_out_dir(base: Path) -> Path:
+    """Create ``base``, the folder run folders go in, and check it takes new files; OSError where it cannot.
+
+    Called before a run starts, so an ``--out`` that is a file or read-only fails before any work.
+    """
+    base = Path(base)
+    base.mkdir(parents=True, exist_ok=True)
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "cannot create files in this folder", str(base))
+    return base
+
+
+def new_run_dir(base: Path, name: str) -> Path:
+    """A fresh folder name under ``base`` (not created): ``<UTC time>-<name>``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    candidate = Path(base) / f"{stamp}-{name}"
+    n = 1
+    while candidate.exists():
+        n += 1
+        candidate = Path(base) / f"{stamp}-{name}-{n}"
+    return candidate
+
+
+def _clean(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+# Keys of the previous stop that a reopened run drops from meta.json (its ``resumed`` record keeps them).
+_STOP_KEYS = ("finished", "stopped_by", "error")
+# Keys that differ from one start to the next by nature: not listed as changed when a run is resumed.
+_PER_START = ("started", "status", "pid", "host")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class RunWriter:
+    """Creates a run folder, or reopens a stopped one (``resume``), and appends rows as they finish.
+
+    meta.json gets ``pid`` and ``host``: the process writing the folder. Reopened, the folder keeps its meta and
+    rows (``kept``; a torn last row is cut off the file and ``warnings`` says so), is marked running again, and
+    its ``resumed`` list gains {at, previous_status, rows_kept}, with the previous stop's ``stopped_by`` or
+    ``error``, the entries of ``meta`` that differ from the folder's (``changed``) and the warnings.
+    """
+
+    def __init__(self, run_dir: Path, meta: dict, resume: bool = False):
+        self.run_dir = Path(run_dir)
+        self.kept: list[dict] = []  # the rows a reopened folder already had
+        self.warnings: list[str] = []
+        self.resumed: dict | None = None  # the record of this reopening; None for a new folder
+        self.count = 0  # rows appended by this writer
+        process = {"pid": os.getpid(), "host": platform.node()}
+        if resume:
+            self.meta = self._reopen(meta, process)
+        else:
+            self.run_dir.mkdir(parents=True, exist_ok=False)
+            self.meta = {"schema_version": SCHEMA_VERSION, "status": "running", **meta, **process}
+        write_json_atomic(self.run_dir / META_FILE, self.meta)
+        self._rows = open(self.run_dir / ROWS_FILE, "a", encoding="utf-8")
+
+    def _reopen(self, meta: dict, process: dict) -> dict:
+        old = _read_meta(self.run_dir / META_FILE)
+        rows_path = self.run_dir / ROWS_FILE
+        torn = _cut_torn_row(rows_path)
+        if torn:
+            self.warnings.append(torn)
+        if rows_path.is_file():
+            self.kept, _ = _read_rows(rows_path)  # no torn row is left to warn about
+        record = {"at": _now(), "previous_status": run_status(old), "rows_kept": len(self.kept)}
+        record.update({k: old[k] for k in ("stopped_by", "error") if k in old})
+        if old.get("host") != process["host"]:
+            record["previous_host"] = old.get("host")
+        changed = {k: v for k, v in meta.items() if k not in _PER_START and old.get(k) != v}
+        if changed:
+            record["changed"] = changed
+        if self.warnings:
+            record["warnings"] = list(self.warnings)
+        self.resumed = record
+        kept_meta = {k: v for k, v in old.items() if k not in _STOP_KEYS}
+        return {**kept_meta, "status": "running", **process, "resumed": [*old.get("resumed", []), record]}
+
+    def append(self, row: dict) -> None:
+        missing = [c for c in ROW_COLUMNS if c not in row]
+        if missing:
+            raise ValueError(f"row lacks columns {missing}")
+        self._rows.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
+        self._rows.flush()
+        self.count += 1
+
+    def finish(self, status: str = "complete", **extra) -> None:
+        self._rows.close()
+        self.meta.update(status=status, finished=_now(), **extra)
+        write_json_atomic(self.run_dir / META_FILE, self.meta)
+
+    def end(self, stopped: BaseException | None = None, **extra) -> None:
+        """Finish with the status that what stopped the run gives: nothing, "complete"; Ctrl-C or SIGTERM
+        (a KeyboardInterrupt), "interrupted" with ``stopped_by`` (the signal's name); any other exception,
+        "failed" with ``error`` (one line)."""
+        if stopped is None:
+            self.finish("complete", **extra)
+        elif isinstance(stopped, KeyboardInterrupt):
+            self.finish("interrupted", stopped_by=getattr(stopped, "signal_name", "SIGINT"), **extra)
+        else:
+            self.finish("failed", error=one_line(stopped), **extra)
+
+
+def _cut_torn_row(rows_path: Path) -> str | None:
+    """Cut a torn last row (no newline after it, not a JSON object) off ``rows_path``; the warning, if any.
+
+    A last row whole but for its newline gets the newline. Bytes, not text: a cut may split a character.
+    """
+    try:
+        data = rows_path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if not data or data.endswith(b"\n"):
+        return None
+    start = data.rfind(b"\n") + 1
+    try:
+        whole = isinstance(json.loads(data[start:]), dict)
+    except ValueError:  # not JSON, or not UTF-8
+        whole = False
+    with open(rows_path, "r+b") as f:
+        if whole:
+            f.seek(0, os.SEEK_END)
+            f.write(b"\n")
+            return None
+        f.truncate(start)
+    line = data.count(b"\n") + 1
+    return f"warning: {rows_path}: line {line} is cut short (the run stopped while writing it); removed to resume"
+
+
+def _read_meta(meta_path: Path) -> dict:
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{meta_path}: not JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
+    return meta
+
+
+def load_run(path: Path | str) -> tuple[dict, pd.DataFrame]:
+    """(meta, rows) of a run folder. Raises UserError for a folder that is not a run.
+
+    A last line of rows.jsonl cut short (a run killed while appending) is left out, and
+    ``df.attrs["warnings"]`` says so; any other line that is not JSON is an error naming it.
+    """
+    path = Path(path)
+    meta_path, rows_path = path / META_FILE, path / ROWS_FILE
+    if not path.is_dir():
+        raise UserError(f"no run folder at {path}")
+    if not meta_path.is_file() or not rows_path.is_file():
+        inner = sorted(p.parent.name for p in path.glob(f"*/{META_FILE}"))
+        hint = f"; run folders inside it: {', '.join(inner[:3])}{', ...' if len(inner) > 3 else ''}" if inner else ""
+        raise UserError(f"{path} is not a moebench run folder (needs {META_FILE} and {ROWS_FILE}){hint}")
+    meta = _read_meta(meta_path)
+    rows, warnings = _read_rows(rows_path)
+    df = pd.DataFrame(rows, columns=list(ROW_COLUMNS) if not rows else None)
+    for col in ROW_COLUMNS:
+        if col not in df.columns:
+            df[col] = None
+    df.attrs["warnings"] = warnings
+    return meta, df
+
+
+def _read_rows(rows_path: Path) -> tuple[list[dict], list[str]]:
+    """The rows of a rows.jsonl, and warnings: a torn last line (no newline after it) is skipped."""
+    try:
+        text = rows_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{rows_path}: not UTF-8 text") from None
+    lines = text.split("\n")
+    rows, warnings = [], []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(lines):  # no newline after it: the row being written when the run stopped
+                warnings.append(f"warning: {rows_path}: line {n} is cut short (the run stopped while writing it); "
+                                "left out")
+                continue
+            raise UserError(f"{rows_path}: line {n} is not JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise UserError(f"{rows_path}: line {n} is not a JSON object")
+        rows.append(row)
+    return rows, warnings
+
+
+def schema_warning(meta: dict, where: str) -> str | None:
+    v = meta.get("schema_version")
+    if v != SCHEMA_VERSION:
+        return f"warning: {where} has schema version {v}, this moebench reads {SCHEMA_VERSION}; columns may differ"
+    return None
+
+
+def status_warning(meta: dict, where: str, rows: int) -> str | None:
+    """The line to show with the rows of a run that did not run through (killed, interrupted, failed, still
+    running); None for a complete run, or a folder whose meta names no status."""
+    status = run_status(meta)
+    if status in ("complete", None):
+        return None
+    why = {"interrupted": f" by {meta.get('stopped_by')}" if meta.get("stopped_by") else "",
+           "failed": f" ({meta.get('error')})" if meta.get("error") else ""}.get(status, "")
+    return f"run {where}: {status}{why} (rows {'so far' if status == 'running' else 'kept'}: {rows})"
+
+
+# What a row is a measurement of: its point and (below) its tile config. Two rows with one identity are one
+# measurement twice; a resumed run skips the identities its folder has.
+IDENTITY_COLUMNS = ("model", "experts", "hidden", "intermediate", "topk", "dtype", "M", "path", "routing", "seed")
+
+
+def row_identity(row: dict) -> tuple:
+    """The identity of a row (a dict as written to rows.jsonl, or as ``Row.as_dict`` gives it): the values of
+    ``IDENTITY_COLUMNS`` and the tile config as canonical JSON (None where the path has none)."""
+    config = row.get("config")
+    return (*(row.get(c) for c in IDENTITY_COLUMNS), None if config is None else json.dumps(config, sort_keys=True))
+
+
+def request_key(obj) -> str:
+    """A short stable name of what a run is asked to do: 12 hex digits of the SHA-256 of ``obj`` (plain data)
+    as canonical JSON. The caller leaves out what does not change the rows: the output folder, progress."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def pid_alive(pid) -> bool:
+    """Whether a process ``pid`` exists on this machine (someone else's counts)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def run_status(meta: dict) -> str | None:
+    """A run's status as readers should say it: meta's ``status``, but "killed" for a run still marked
+    "running" whose process is gone from this host (SIGKILL or a crash: nothing could record the end). A
+    "running" run of another host stays "running": its process cannot be looked for from here."""
+    status = meta.get("status")
+    if status == "running" and meta.get("host") == platform.node() and not pid_alive(meta.get("pid")):
+        return "killed"
+    return status
+
+
+def _last_written(run_dir: Path) -> int:
+    return max((p.stat().st_mtime_ns for p in (run_dir / META_FILE, run_dir / ROWS_FILE) if p.exists()), default=0)
+
+
+def find_resumable(out_base: Path, key: str) -> Path | None:
+    """The run folder under ``out_base`` that a new start of the request ``key`` continues: the newest folder
+    of that request (the last written), unless it is complete (the request ran through; a new start is a new
+    run). UserError where that folder's process still runs on this host: it owns the folder."""
+    found = []
+    for meta_path in Path(out_base).glob(f"*/{META_FILE}"):
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # not a run folder this can resume
+        if isinstance(meta, dict) and meta.get("request") == key:
+            found.append((_last_written(meta_path.parent), meta_path.parent.name, meta_path.parent, meta))
+    if not found:
+        return None
+    *_, run_dir, meta = max(found, key=lambda f: f[:2])
+    status = run_status(meta)
+    if status == "complete":
+        return None
+    if status == "running" and meta.get("host") == platform.node():
+        raise UserError(f"{run_dir} is being written by process {meta.get('pid')} on this machine; "
+                        "wait for it or stop it (--fresh starts a new folder)")
+    return run_dir
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopping a run: the signal's name and, once the run has a folder, the folder. A
+    KeyboardInterrupt, so ``finally`` blocks run and the writer records "interrupted"."""
+
+    def __init__(self, signal_name: str = "SIGINT", run_dir: Path | None = None):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+        self.run_dir = run_dir
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal's number, as a shell reports a process that signal ended: 130, 143."""
+        return 128 + signal.Signals[self.signal_name].value
+
+
+def stopped_in(e: BaseException, run_dir: Path) -> BaseException:
+    """What to raise for a run in ``run_dir`` that ``e`` stopped: Ctrl-C or SIGTERM as an ``Interrupted`` that
+    names the folder (the line ``cli.main`` prints tells how to resume it); any other exception as it is."""
+    if isinstance(e, Interrupted):
+        e.run_dir = run_dir
+        return e
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C: Python's own KeyboardInterrupt
+        return Interrupted("SIGINT", run_dir)
+    return e
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``Interrupted("SIGTERM")`` in the main thread; a repeat while the run
+    records its end is ignored, and the previous handler is back after the block. Off the main thread (where
+    no handler can be set) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Interrupted("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
