@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gzip
 import json
 import os
 
@@ -50,6 +51,18 @@ def test_a_torn_last_row_is_left_out_with_a_warning(tmp_path):
     assert "line 3 is cut short" in warning
     _, whole = load_run(_run(tmp_path / "b", '{"M": 1}\n'))
     assert whole.attrs["warnings"] == []
+
+
+def test_a_committed_run_with_gzipped_rows_loads_as_it_is(tmp_path):
+    """rows.jsonl.gz stands in for rows.jsonl (committed runs keep their rows compressed); damage is one line."""
+    run = _run(tmp_path, "")
+    (run / ROWS_FILE).unlink()
+    (run / (ROWS_FILE + ".gz")).write_bytes(gzip.compress(b'{"M": 1}\n{"M": 2}\n'))
+    _, df = load_run(run)
+    assert df["M"].tolist() == [1, 2]
+    (run / (ROWS_FILE + ".gz")).write_bytes(b"plain text, not gzip")
+    with pytest.raises(UserError, match="rows.jsonl.gz: not UTF-8 text"):
+        load_run(run)
 
 
 @pytest.mark.parametrize("text, fragment", [

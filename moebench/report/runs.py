@@ -20,6 +20,7 @@ from moebench.store.runfolder import (
     ROWS_FILE,
     _read_rows,
     load_run,
+    rows_file,
     schema_warning,
     status_warning,
 )
@@ -122,9 +123,9 @@ def run_folders(path: Path) -> list[Path]:
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"no run folder at {path}")
-    if (path / META_FILE).is_file() or (path / ROWS_FILE).is_file():
+    if (path / META_FILE).is_file() or rows_file(path).is_file():
         return [path]
-    inner = sorted(p.parent for p in path.glob(f"*/{META_FILE}") if (p.parent / ROWS_FILE).is_file())
+    inner = sorted(p.parent for p in path.glob(f"*/{META_FILE}") if rows_file(p.parent).is_file())
     if not inner:
         raise UserError(f"{path} is not a moebench run folder (needs {META_FILE} and {ROWS_FILE}) "
                         "nor a folder of run folders")
@@ -135,7 +136,7 @@ def load_one(path: Path) -> tuple[Run, list[str]]:
     """A run folder as a ``Run`` and the warnings to show with it (schema, status, a torn last row)."""
     meta, df = load_run(path)
     if meta.get("kind") == "trace":  # a row per request, not the benchmark's columns
-        records, torn = _read_rows(Path(path) / ROWS_FILE)
+        records, torn = _read_rows(rows_file(Path(path)))
         df = pd.DataFrame(records)
         df.attrs["warnings"] = torn
     warnings = [w for w in (schema_warning(meta, str(path)), status_warning(meta, str(path), len(df))) if w]

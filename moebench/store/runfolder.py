@@ -12,6 +12,7 @@ rows already there are kept and only the rest are run.
 from __future__ import annotations
 
 import errno
+import gzip
 import hashlib
 import json
 import math
@@ -21,6 +22,7 @@ import secrets
 import signal
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -213,7 +215,7 @@ def load_run(path: Path | str) -> tuple[dict, pd.DataFrame]:
     ``df.attrs["warnings"]`` says so; any other line that is not JSON is an error naming it.
     """
     path = Path(path)
-    meta_path, rows_path = path / META_FILE, path / ROWS_FILE
+    meta_path, rows_path = path / META_FILE, rows_file(path)
     if not path.is_dir():
         raise UserError(f"no run folder at {path}")
     if not meta_path.is_file() or not rows_path.is_file():
@@ -230,12 +232,20 @@ def load_run(path: Path | str) -> tuple[dict, pd.DataFrame]:
     return meta, df
 
 
+def rows_file(run_dir: Path) -> Path:
+    """The rows of a run folder: rows.jsonl, or rows.jsonl.gz where a committed run keeps them compressed."""
+    plain = run_dir / ROWS_FILE
+    packed = run_dir / (ROWS_FILE + ".gz")
+    return packed if not plain.exists() and packed.is_file() else plain
+
+
 def _read_rows(rows_path: Path) -> tuple[list[dict], list[str]]:
-    """The rows of a rows.jsonl, and warnings: a torn last line (no newline after it) is skipped."""
+    """The rows of a rows.jsonl (or its gzip), and warnings: a torn last line (no newline after it) is skipped."""
     try:
-        text = rows_path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"{rows_path}: not UTF-8 text") from None
+        data = rows_path.read_bytes()
+        text = (gzip.decompress(data) if rows_path.suffix == ".gz" else data).decode("utf-8")
+    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError, zlib.error):
+        raise UserError(f"{rows_path}: not UTF-8 text{' (or not gzip)' if rows_path.suffix == '.gz' else ''}") from None
     lines = text.split("\n")
     rows, warnings = [], []
     for n, line in enumerate(lines, start=1):
