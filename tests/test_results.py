@@ -10,7 +10,8 @@ import os
 import pytest
 
 from moebench.errors import UserError, os_error_line
-from moebench.store.runfolder import META_FILE, ROWS_FILE, ensure_out_dir, load_run, write_text_atomic
+from moebench.store.atomic import write_text_atomic
+from moebench.store.runfolder import META_FILE, ROWS_FILE, ensure_out_dir, load_run
 
 
 def _umask() -> int:

@@ -21,21 +21,10 @@ from moebench.errors import UserError
 from moebench.models import get_model
 from moebench.paths.base import Target
 from moebench.problem import Problem
+from moebench.store.atomic import write_json_atomic
+from moebench.store.resume import Interrupted, find_resumable, request_key, row_identity, stop_on_sigterm
 from moebench.store.rows import Row
-from moebench.store.runfolder import (
-    META_FILE,
-    ROWS_FILE,
-    Interrupted,
-    RunWriter,
-    find_resumable,
-    load_run,
-    request_key,
-    row_identity,
-    run_status,
-    status_warning,
-    stop_on_sigterm,
-    write_json_atomic,
-)
+from moebench.store.runfolder import META_FILE, ROWS_FILE, RunWriter, load_run, run_status, status_warning
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = get_model("tiny")

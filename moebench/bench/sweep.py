@@ -28,8 +28,9 @@ from moebench.paths.base import MoEPath, RunFn, Target
 from moebench.paths.registry import get_path
 from moebench.paths.torch_ref import moe_reference
 from moebench.problem import MoEInputs, Problem, make_inputs, make_weights
+from moebench.store.resume import find_resumable, request_key, row_identity, stopped_in
 from moebench.store.rows import Row
-from moebench.store.runfolder import RunWriter, find_resumable, new_run_dir, request_key, row_identity, stopped_in
+from moebench.store.runfolder import RunWriter, new_run_dir
 from moebench.tables import lookup
 from moebench.tile import TileConfig
 from moebench.tune.handpicked import candidates

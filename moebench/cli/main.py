@@ -125,7 +125,8 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     from moebench.bench.spec import default_spec_file, for_interpreter, from_options
     from moebench.bench.sweep import run_sweep, validate
     from moebench.paths.base import Target
-    from moebench.store.runfolder import ensure_out_dir, load_run, stop_on_sigterm
+    from moebench.store.resume import stop_on_sigterm
+    from moebench.store.runfolder import ensure_out_dir, load_run
     from moebench.workers.precompile import default_jobs
 
     interpreter = interpreting()
@@ -346,7 +347,7 @@ def main() -> None:
 
 def _stopped(cause: BaseException | None) -> None:
     """For a run that Ctrl-C or SIGTERM stopped (``results.Interrupted``): one line and exit 130 / 143."""
-    from moebench.store.runfolder import Interrupted
+    from moebench.store.resume import Interrupted
 
     if isinstance(cause, Interrupted):
         _note(f"interrupted: rows so far in {cause.run_dir}; run the same command to resume" if cause.run_dir

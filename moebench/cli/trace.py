@@ -101,7 +101,8 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     from moebench.cli.main import _console, _emit, _note, _progress
     from moebench.report import tables as report
     from moebench.serve import trace as tr
-    from moebench.store.runfolder import ensure_out_dir, stop_on_sigterm
+    from moebench.store.resume import stop_on_sigterm
+    from moebench.store.runfolder import ensure_out_dir
     from moebench.tables.lookup import check_dir
 
     interpreter = interpreting()

@@ -21,7 +21,7 @@ import pandas as pd
 
 from moebench.report import tables as report
 from moebench.report.runs import Runs
-from moebench.store.runfolder import write_text_atomic
+from moebench.store.atomic import write_text_atomic
 
 _CSS = """
 :root { --ink: #1d2329; --muted: #5b6670; --rule: #d5dbe1; --zebra: #f3f6f9; --accent: #2458a6; }

@@ -18,8 +18,8 @@ from moebench.store.runfolder import (
     META_FILE,
     ROW_COLUMNS,
     ROWS_FILE,
-    _read_rows,
     load_run,
+    read_rows,
     rows_file,
     schema_warning,
     status_warning,
@@ -136,7 +136,7 @@ def load_one(path: Path) -> tuple[Run, list[str]]:
     """A run folder as a ``Run`` and the warnings to show with it (schema, status, a torn last row)."""
     meta, df = load_run(path)
     if meta.get("kind") == "trace":  # a row per request, not the benchmark's columns
-        records, torn = _read_rows(rows_file(Path(path)))
+        records, torn = read_rows(rows_file(Path(path)))
         df = pd.DataFrame(records)
         df.attrs["warnings"] = torn
     warnings = [w for w in (schema_warning(meta, str(path)), status_warning(meta, str(path), len(df))) if w]

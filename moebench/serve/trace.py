@@ -274,7 +274,8 @@ def run_trace(request: TraceRequest, out_base: Path | str, on_row: Callable[[dic
     temporary cache folder is removed after."""
     from moebench._interpret import interpreting
     from moebench.environment import describe
-    from moebench.store.runfolder import META_FILE, ROWS_FILE, SCHEMA_VERSION, new_run_dir, write_json_atomic
+    from moebench.store.atomic import write_json_atomic
+    from moebench.store.runfolder import META_FILE, ROWS_FILE, SCHEMA_VERSION, new_run_dir
 
     temporary = request.cache_dir is None
     cache_dir = Path(tempfile.mkdtemp(prefix="moebench-trace-cache-") if temporary else request.cache_dir)

@@ -4,7 +4,7 @@ A ``Row`` is one benchmark point run on one path with one tile config: what was
 run (the problem, the path, the config), what happened (status, the check
 against the float32 reference, the error), and what was measured (time,
 roofline figures). Its fields, in order, are the columns every row carries
-(``results.ROW_COLUMNS``); ``as_dict`` is the record written to disk.
+(``runfolder.ROW_COLUMNS``); ``as_dict`` is the record written to disk.
 """
 
 from __future__ import annotations

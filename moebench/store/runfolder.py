@@ -1,35 +1,31 @@
-"""Run folders: versioned result rows as JSON Lines, the run's metadata, and resuming a stopped run.
+"""Run folders: create one, append its rows, reopen a stopped one, read one back.
 
 A run folder holds ``meta.json`` (schema version, machine, versions, command
 line, ceilings, timing method, status, the request's key, the writing process)
-and ``rows.jsonl`` (one JSON object per benchmark point, appended as each point
-finishes, so a killed run keeps what it measured). ``load_run`` reads a folder
-back into a pandas DataFrame. The same request started again finds its stopped
-folder (``find_resumable``) and reopens it (``RunWriter(..., resume=True)``):
-rows already there are kept and only the rest are run.
+and ``rows.jsonl`` (one JSON object per row, appended as each finishes, so a
+killed run keeps what it measured). ``RunWriter`` creates a folder or reopens a
+stopped one (``resume``: a torn last row is cut off, the rows there are kept);
+``load_run`` reads a folder back into a pandas DataFrame, rows.jsonl.gz as well
+(committed runs keep their rows compressed). Which folder a new start resumes,
+and the signals that stop a run, are ``store.resume``'s.
 """
 
 from __future__ import annotations
 
 import errno
 import gzip
-import hashlib
 import json
 import math
 import os
 import platform
-import secrets
-import signal
-import threading
 import time
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
 
 from moebench.errors import UserError, one_line
+from moebench.store.atomic import write_json_atomic
 from moebench.store.rows import Row
 
 SCHEMA_VERSION = 1
@@ -40,28 +36,7 @@ ROWS_FILE = "rows.jsonl"
 ROW_COLUMNS = Row.columns()
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temp file in the same folder (created if missing), then rename: no reader sees half a file.
-
-    The temp file is created with the permissions of any new file (0666 less the umask), not the 0600 of
-    ``tempfile``, so the renamed file reads like one written in place.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
-
+# ---- writing -------------------------------------------------------------------------------------------
 
 def ensure_out_dir(base: Path) -> Path:
     """Create ``base``, the folder run folders go in, and check it takes new files; OSError where it cannot.
@@ -109,10 +84,14 @@ class RunWriter:
     rows (``kept``; a torn last row is cut off the file and ``warnings`` says so), is marked running again, and
     its ``resumed`` list gains {at, previous_status, rows_kept}, with the previous stop's ``stopped_by`` or
     ``error``, the entries of ``meta`` that differ from the folder's (``changed``) and the warnings.
+
+    ``columns``: those every appended row must carry; a sweep's or tune's rows are ``ROW_COLUMNS`` (the
+    benchmark row), a trace's its requests' columns.
     """
 
-    def __init__(self, run_dir: Path, meta: dict, resume: bool = False):
+    def __init__(self, run_dir: Path, meta: dict, resume: bool = False, columns: tuple[str, ...] = ROW_COLUMNS):
         self.run_dir = Path(run_dir)
+        self.columns = tuple(columns)
         self.kept: list[dict] = []  # the rows a reopened folder already had
         self.warnings: list[str] = []
         self.resumed: dict | None = None  # the record of this reopening; None for a new folder
@@ -127,13 +106,13 @@ class RunWriter:
         self._rows = open(self.run_dir / ROWS_FILE, "a", encoding="utf-8")
 
     def _reopen(self, meta: dict, process: dict) -> dict:
-        old = _read_meta(self.run_dir / META_FILE)
+        old = read_meta(self.run_dir / META_FILE)
         rows_path = self.run_dir / ROWS_FILE
         torn = _cut_torn_row(rows_path)
         if torn:
             self.warnings.append(torn)
         if rows_path.is_file():
-            self.kept, _ = _read_rows(rows_path)  # no torn row is left to warn about
+            self.kept, _ = read_rows(rows_path)  # no torn row is left to warn about
         record = {"at": _now(), "previous_status": run_status(old), "rows_kept": len(self.kept)}
         record.update({k: old[k] for k in ("stopped_by", "error") if k in old})
         if old.get("host") != process["host"]:
@@ -148,12 +127,17 @@ class RunWriter:
         return {**kept_meta, "status": "running", **process, "resumed": [*old.get("resumed", []), record]}
 
     def append(self, row: dict) -> None:
-        missing = [c for c in ROW_COLUMNS if c not in row]
+        missing = [c for c in self.columns if c not in row]
         if missing:
             raise ValueError(f"row lacks columns {missing}")
         self._rows.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
         self._rows.flush()
         self.count += 1
+
+    def note(self, **entries) -> None:
+        """Record ``entries`` in meta.json now, while the run goes on: they are there even if it is killed."""
+        self.meta.update(entries)
+        write_json_atomic(self.run_dir / META_FILE, self.meta)
 
     def finish(self, status: str = "complete", **extra) -> None:
         self._rows.close()
@@ -171,6 +155,8 @@ class RunWriter:
         else:
             self.finish("failed", error=one_line(stopped), **extra)
 
+
+# ---- a torn last row -----------------------------------------------------------------------------------
 
 def _cut_torn_row(rows_path: Path) -> str | None:
     """Cut a torn last row (no newline after it, not a JSON object) off ``rows_path``; the warning, if any.
@@ -198,7 +184,10 @@ def _cut_torn_row(rows_path: Path) -> str | None:
     return f"warning: {rows_path}: line {line} is cut short (the run stopped while writing it); removed to resume"
 
 
-def _read_meta(meta_path: Path) -> dict:
+# ---- reading -------------------------------------------------------------------------------------------
+
+def read_meta(meta_path: Path) -> dict:
+    """A run folder's meta.json as a dict; UserError where it is not a JSON object."""
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -222,8 +211,8 @@ def load_run(path: Path | str) -> tuple[dict, pd.DataFrame]:
         inner = sorted(p.parent.name for p in path.glob(f"*/{META_FILE}"))
         hint = f"; run folders inside it: {', '.join(inner[:3])}{', ...' if len(inner) > 3 else ''}" if inner else ""
         raise UserError(f"{path} is not a moebench run folder (needs {META_FILE} and {ROWS_FILE}){hint}")
-    meta = _read_meta(meta_path)
-    rows, warnings = _read_rows(rows_path)
+    meta = read_meta(meta_path)
+    rows, warnings = read_rows(rows_path)
     df = pd.DataFrame(rows, columns=list(ROW_COLUMNS) if not rows else None)
     for col in ROW_COLUMNS:
         if col not in df.columns:
@@ -239,7 +228,7 @@ def rows_file(run_dir: Path) -> Path:
     return packed if not plain.exists() and packed.is_file() else plain
 
 
-def _read_rows(rows_path: Path) -> tuple[list[dict], list[str]]:
+def read_rows(rows_path: Path) -> tuple[list[dict], list[str]]:
     """The rows of a rows.jsonl (or its gzip), and warnings: a torn last line (no newline after it) is skipped."""
     try:
         data = rows_path.read_bytes()
@@ -283,24 +272,7 @@ def status_warning(meta: dict, where: str, rows: int) -> str | None:
     return f"run {where}: {status}{why} (rows {'so far' if status == 'running' else 'kept'}: {rows})"
 
 
-# What a row is a measurement of: its point and (below) its tile config. Two rows with one identity are one
-# measurement twice; a resumed run skips the identities its folder has.
-IDENTITY_COLUMNS = ("model", "experts", "hidden", "intermediate", "topk", "dtype", "M", "path", "routing", "seed")
-
-
-def row_identity(row: dict) -> tuple:
-    """The identity of a row (a dict as written to rows.jsonl, or as ``Row.as_dict`` gives it): the values of
-    ``IDENTITY_COLUMNS`` and the tile config as canonical JSON (None where the path has none)."""
-    config = row.get("config")
-    return (*(row.get(c) for c in IDENTITY_COLUMNS), None if config is None else json.dumps(config, sort_keys=True))
-
-
-def request_key(obj) -> str:
-    """A short stable name of what a run is asked to do: 12 hex digits of the SHA-256 of ``obj`` (plain data)
-    as canonical JSON. The caller leaves out what does not change the rows: the output folder, progress."""
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
-
+# ---- a run's status ------------------------------------------------------------------------------------
 
 def pid_alive(pid) -> bool:
     """Whether a process ``pid`` exists on this machine (someone else's counts)."""
@@ -325,77 +297,3 @@ def run_status(meta: dict) -> str | None:
     if status == "running" and meta.get("host") == platform.node() and not pid_alive(meta.get("pid")):
         return "killed"
     return status
-
-
-def _last_written(run_dir: Path) -> int:
-    return max((p.stat().st_mtime_ns for p in (run_dir / META_FILE, run_dir / ROWS_FILE) if p.exists()), default=0)
-
-
-def find_resumable(out_base: Path, key: str) -> Path | None:
-    """The run folder under ``out_base`` that a new start of the request ``key`` continues: the newest folder
-    of that request (the last written), unless it is complete (the request ran through; a new start is a new
-    run). UserError where that folder's process still runs on this host: it owns the folder."""
-    found = []
-    for meta_path in Path(out_base).glob(f"*/{META_FILE}"):
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue  # not a run folder this can resume
-        if isinstance(meta, dict) and meta.get("request") == key:
-            found.append((_last_written(meta_path.parent), meta_path.parent.name, meta_path.parent, meta))
-    if not found:
-        return None
-    *_, run_dir, meta = max(found, key=lambda f: f[:2])
-    status = run_status(meta)
-    if status == "complete":
-        return None
-    if status == "running" and meta.get("host") == platform.node():
-        raise UserError(f"{run_dir} is being written by process {meta.get('pid')} on this machine; "
-                        "wait for it or stop it (--fresh starts a new folder)")
-    return run_dir
-
-
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM stopping a run: the signal's name and, once the run has a folder, the folder. A
-    KeyboardInterrupt, so ``finally`` blocks run and the writer records "interrupted"."""
-
-    def __init__(self, signal_name: str = "SIGINT", run_dir: Path | None = None):
-        super().__init__(signal_name)
-        self.signal_name = signal_name
-        self.run_dir = run_dir
-
-    @property
-    def exit_status(self) -> int:
-        """128 + the signal's number, as a shell reports a process that signal ended: 130, 143."""
-        return 128 + signal.Signals[self.signal_name].value
-
-
-def stopped_in(e: BaseException, run_dir: Path) -> BaseException:
-    """What to raise for a run in ``run_dir`` that ``e`` stopped: Ctrl-C or SIGTERM as an ``Interrupted`` that
-    names the folder (the line ``cli.main`` prints tells how to resume it); any other exception as it is."""
-    if isinstance(e, Interrupted):
-        e.run_dir = run_dir
-        return e
-    if isinstance(e, KeyboardInterrupt):  # Ctrl-C: Python's own KeyboardInterrupt
-        return Interrupted("SIGINT", run_dir)
-    return e
-
-
-@contextmanager
-def stop_on_sigterm() -> Iterator[None]:
-    """Within the block, SIGTERM raises ``Interrupted("SIGTERM")`` in the main thread; a repeat while the run
-    records its end is ignored, and the previous handler is back after the block. Off the main thread (where
-    no handler can be set) it does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Interrupted("SIGTERM")
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

@@ -43,7 +43,7 @@ import pandas as pd
 
 from moebench.dtypes import get_dtype
 from moebench.errors import UserError
-from moebench.store.runfolder import write_text_atomic
+from moebench.store.atomic import write_text_atomic
 from moebench.tile import FIELDS, TileConfig
 
 LAYOUTS = ("vllm", "sglang")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from moebench.errors import UserError
-from moebench.store.runfolder import write_json_atomic, write_text_atomic
+from moebench.store.atomic import write_json_atomic, write_text_atomic
 from moebench.tables import engine as configs
 from moebench.tables import own as tables
 

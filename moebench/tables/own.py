@@ -23,7 +23,7 @@ from pathlib import Path
 
 from moebench.dtypes import get_dtype
 from moebench.errors import UserError
-from moebench.store.runfolder import write_text_atomic
+from moebench.store.atomic import write_text_atomic
 from moebench.tables.engine import ConfigTable, entries_from_json
 
 FORMAT = "moebench-tiles"

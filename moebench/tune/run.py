@@ -22,16 +22,10 @@ from moebench.models import MoEShape
 from moebench.paths.base import Target
 from moebench.paths.registry import get_path
 from moebench.problem import Problem
+from moebench.store.atomic import write_json_atomic
+from moebench.store.resume import find_resumable, request_key, stop_on_sigterm, stopped_in
 from moebench.store.rows import Row
-from moebench.store.runfolder import (
-    RunWriter,
-    find_resumable,
-    new_run_dir,
-    request_key,
-    stop_on_sigterm,
-    stopped_in,
-    write_json_atomic,
-)
+from moebench.store.runfolder import RunWriter, new_run_dir
 from moebench.tile import TileConfig
 from moebench.tune.bench import Kept, PoolBench, Timed
 from moebench.tune.candidates import Candidates
