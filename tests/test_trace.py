@@ -1,5 +1,5 @@
 """moebench trace: the request streams, the summary, the compile counter (fed by hand), the specializing
-twins, and a short replay on the interpreter through the library and the command."""
+twins, and a short replay on the interpreter through the library and the command, stopped and resumed."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from moebench.serve.jit_watch import (
     layer_kernels,
     specialized,
 )
+from moebench.store.resume import Interrupted
 from moebench.tile import TileConfig
 
 # ---- request streams ------------------------------------------------------------------------------------
@@ -243,6 +244,73 @@ def test_replay_writes_a_run_folder(tmp_path):
         assert all(isinstance(r["compiles"], int) for r in rows) and rows[2]["compiles"] == 0
         assert meta["count_method"] == "hooks"
     assert meta["status"] == "complete" and meta["cache_mode"] == "cold" and meta["summary"]["requests"] == 5
+
+
+def test_a_trace_stopped_part_way_resumes_in_its_folder(tmp_path):
+    """Ctrl-C after the second request: the folder says interrupted; the same trace again continues in it,
+    replays only the three requests it lacks (at their own index), keeps the rows it had byte for byte, and
+    meta.json records the restart (replay_starts, resumed) and a summary of all five requests."""
+    counts = (1, 5, 1, 30, 2)
+    request = trace.TraceRequest(get_model("tiny"), "fp16", counts, "test")
+
+    def ctrl_c(row):
+        if row["i"] == 1:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted) as info:
+        trace.run_trace(request, tmp_path, in_process=True, on_row=ctrl_c)
+    run = info.value.run_dir
+    meta = json.loads((run / "meta.json").read_text())
+    kept = (run / "rows.jsonl").read_text()
+    assert (meta["status"], meta["stopped_by"], meta["replay_starts"]) == ("interrupted", "SIGINT", [0])
+    assert [json.loads(line)["i"] for line in kept.splitlines()] == [0, 1]
+
+    seen, resumes = [], []
+    done = trace.run_trace(request, tmp_path, in_process=True, on_row=seen.append,
+                           on_resume=lambda d, r: resumes.append((d, r)))
+    assert done.run_dir == run and list(tmp_path.iterdir()) == [run]
+    assert [r["i"] for r in seen] == [2, 3, 4] and [r["M"] for r in seen] == list(counts[2:])
+    ((where, record),) = resumes
+    assert where == run and (record["previous_status"], record["rows_kept"]) == ("interrupted", 2)
+    text = (run / "rows.jsonl").read_text()
+    assert text.startswith(kept)
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert [r["i"] for r in rows] == list(range(5)) and [r["M"] for r in rows] == list(counts)
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["status"] == "complete" and "stopped_by" not in meta and meta["replay_starts"] == [0, 2]
+    assert [(r["previous_status"], r["rows_kept"]) for r in meta["resumed"]] == [("interrupted", 2)]
+    assert meta["summary"]["requests"] == 5 and [r["i"] for r in done.rows] == list(range(5))
+
+
+def test_command_resumes_the_newest_stopped_trace_and_fresh_starts_a_new_one(tmp_path, monkeypatch):
+    """The command stopped at its second request leaves a folder; with --fresh, stopped again, a second one
+    (the first untouched); run plainly, it continues the newest and says so."""
+    args = ["--model", "tiny", "--dtype", "fp16", "--requests", "3", "--max-tokens", "8", "--out", str(tmp_path),
+            "--no-progress", "--in-process", "--format", "json"]
+    real = trace._request_row
+
+    def stop_at_second(i, *rest):
+        if i == 1:
+            raise KeyboardInterrupt
+        return real(i, *rest)
+
+    monkeypatch.setattr(trace, "_request_row", stop_at_second)
+    assert CliRunner().invoke(trace_command, args).exit_code != 0
+    (first,) = tmp_path.iterdir()
+    assert CliRunner().invoke(trace_command, [*args, "--fresh"]).exit_code != 0
+    (second,) = set(tmp_path.iterdir()) - {first}
+    for run in (first, second):
+        assert json.loads((run / "meta.json").read_text())["status"] == "interrupted"
+        assert len((run / "rows.jsonl").read_text().splitlines()) == 1
+
+    monkeypatch.setattr(trace, "_request_row", real)
+    result = CliRunner().invoke(trace_command, args)
+    assert result.exit_code == 0, result.output
+    assert f"resuming {second}: 1 requests kept (previous status: interrupted)" in result.stderr
+    out = json.loads(result.stdout)
+    assert out["run"] == str(second) and out["summary"]["requests"] == 3
+    assert json.loads((first / "meta.json").read_text())["status"] == "interrupted"
+    assert len((second / "rows.jsonl").read_text().splitlines()) == 3
 
 
 def test_command_replays_in_a_child_process(tmp_path):

@@ -83,8 +83,11 @@ def _summary_for_people(summary: dict):
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
 @click.option("--in-process", is_flag=True, hidden=True,
               help="Replay in this process (tests, debugging): its in-memory caches may not start empty.")
+@click.option("--fresh", is_flag=True,
+              help="Start a new run folder even where a stopped trace of the same request under --out could resume.")
 def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, dist, csv_file, requests,
-          max_tokens, seed, configs_dir, cache_dir, warmup, specialize, out_dir, fmt, which, progress, in_process):
+          max_tokens, seed, configs_dir, cache_dir, warmup, specialize, out_dir, fmt, which, progress, in_process,
+          fresh):
     """Replay serving traffic through the MoE layer on the triton path and count the kernel variants Triton
     compiles per request: a run folder with a row per request (cold latency, warm time, excess, compiles) and
     tables of the summary and each compile.
@@ -92,6 +95,10 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     The replay runs in a child process with TRITON_CACHE_DIR set before Triton starts, so it begins with no
     kernel in memory and, unless --cache-dir (or --warmup) says otherwise, an empty on-disk cache. Without a
     GPU it runs on the Triton interpreter, which compiles nothing: it checks the replay runs, on tiny shapes.
+
+    A trace stopped part-way (Ctrl-C, SIGTERM, a kill, a crash) continues in its folder when the same command
+    is run again: the requests it has are kept, the rest are replayed by a new process that starts cold again,
+    so the compiles after the restart are counted too (meta.json: replay_starts, resumed).
     """
     import json
 
@@ -128,14 +135,19 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     if interpreter:
         _note(f"No CUDA GPU: {tr.INTERPRETER_NOTE}.", "yellow")
     bar = _progress(progress)
-    try:
-        with stop_on_sigterm(), bar:
-            task = bar.add_task(f"trace {shape.name} {request.dtype}", total=len(counts))
-            done = tr.run_trace(request, out_dir, in_process=in_process,
-                                on_row=lambda row: bar.update(task, advance=1, description=f"request M={row['M']}"))
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the child is stopped, the folder says "interrupted"
-        _note(f"interrupted: the rows so far are in the newest trace folder under {out_dir}")
-        raise SystemExit(getattr(e, "exit_status", 130)) from None
+    # Ctrl-C or SIGTERM: the child is stopped, the folder says "interrupted" and cli.main how to resume it
+    with stop_on_sigterm(), bar:
+        task = bar.add_task(f"trace {shape.name} {request.dtype}", total=len(counts))
+
+        def resumed(run_dir: Path, record: dict) -> None:
+            for w in record.get("warnings", []):
+                _note(w)
+            _note(f"resuming {run_dir}: {record['rows_kept']} requests kept "
+                  f"(previous status: {record['previous_status']})")
+            bar.update(task, advance=record["rows_kept"])
+
+        done = tr.run_trace(request, out_dir, in_process=in_process, resume=not fresh, on_resume=resumed,
+                            on_row=lambda row: bar.update(task, advance=1, description=f"request M={row['M']}"))
 
     tables = {"summary": pd.DataFrame([tr.summarize(done.rows)]), "events": tr.events_table(done.rows),
               "requests": tr.requests_table(done.rows)}

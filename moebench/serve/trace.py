@@ -12,6 +12,10 @@ its in-memory caches start empty and its on-disk cache is a fresh temporary fold
 user names (``cache_dir``), which ``moebench warmup`` may fill first (``warmup``). With ``warmup`` the replay
 process first runs each (M, config) of the warmup plan once (``startup``), as a server's start-up warm-up runs
 the layer: the kernels the disk cache holds are loaded into the process then, not during the first requests.
+
+The run folder is written as a sweep's is (``store.runfolder.RunWriter``): a stopped trace started again
+continues in its folder and replays only the requests it lacks, in a new process whose caches start as the
+request says, so its cold-start figures count one cold start per replay process (``run_trace``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import shutil
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, is_dataclass, replace
 from pathlib import Path
 
@@ -84,12 +88,13 @@ def _timed_ms(run: Callable, out, cuda: bool) -> float:
 def replay(shape: MoEShape, dtype: str, counts: list[int], configs_dir: Path | str | None = None,
            specialize: bool = False, cache_dir: Path | str | None = None, seed: int = 0,
            warm_calls: int | None = None, on_row: Callable[[dict], None] | None = None,
-           startup: list[tuple[int, TileConfig]] | None = None) -> ReplayResult:
+           startup: list[tuple[int, TileConfig]] | None = None, skip: Collection[int] = ()) -> ReplayResult:
     """Replay ``counts`` through the MoE layer on the triton path, in this process, each request at the tile
     config ``lookup.choose`` gives for its M. ``cache_dir``: TRITON_CACHE_DIR for the replay (restored
     after). ``specialize``: with the kernels' token-count specializing twins (``jit_watch.specialized``).
     ``warm_calls``: repeats per request (default WARM_CALLS, 1 on the interpreter). ``startup``: (M, config)
-    pairs run once each before the first request (``_startup``), outside the rows."""
+    pairs run once each before the first request (``_startup``), outside the rows. ``skip``: the indices of
+    requests not replayed (a resumed trace has their rows); the others keep their index and inputs."""
     from contextlib import nullcontext
 
     import torch
@@ -122,6 +127,8 @@ def replay(shape: MoEShape, dtype: str, counts: list[int], configs_dir: Path | s
             watch = CompileWatch(cache_dir=triton_cache_dir(), interpreter=target.interpreter)
             with watch:
                 for i, M in enumerate(counts):
+                    if i in skip:
+                        continue
                     problem = Problem(shape, M, dtype, seed=seed)
                     chosen = lookup.choose(M, shape.experts, shape.intermediate, dtype, device,
                                            path.default_config(problem), configs_dir)
@@ -258,25 +265,48 @@ def check_request(request: TraceRequest) -> None:
 
 @dataclass(frozen=True)
 class TraceRun:
-    """A finished trace: its folder, its rows and its meta.json."""
+    """A finished trace: its folder, its rows (every request's, in order, those a resumed folder kept included)
+    and its meta.json."""
 
     run_dir: Path
     rows: list[dict]
     meta: dict
 
 
+def trace_request(request: TraceRequest, in_process: bool) -> dict:
+    """What a trace is asked to do, as plain data for ``request_key``: the request, the device and where the
+    replay runs; not where its folder goes, nor how progress shows."""
+    from moebench._interpret import interpreting
+    from moebench.environment import device_name
+
+    return {"kind": "trace", "device": device_name(), "interpreter": interpreting(),
+            "process": "this" if in_process else "child (spawn)", **asdict(request)}
+
+
 def run_trace(request: TraceRequest, out_base: Path | str, on_row: Callable[[dict], None] | None = None,
-              in_process: bool = False, warmup_jobs: int | None = None) -> TraceRun:
-    """Replay ``request`` into a new run folder under ``out_base`` (``<UTC>-trace-<model>-<dtype>``: meta.json,
+              in_process: bool = False, warmup_jobs: int | None = None, resume: bool = True,
+              on_resume: Callable[[Path, dict], None] | None = None) -> TraceRun:
+    """Replay ``request`` into a run folder under ``out_base`` (``<UTC>-trace-<model>-<dtype>``: meta.json,
     rows.jsonl with a row per request as it finishes). The replay runs in a spawned child process whose
     TRITON_CACHE_DIR is the cache folder, so both of Triton's caches start as the request says; with
     ``in_process`` it runs here (tests: this process's in-memory caches may hold variants already). A
-    temporary cache folder is removed after."""
+    temporary cache folder is removed after. Ctrl-C or SIGTERM raise ``Interrupted`` naming the folder, which
+    records "interrupted"; another exception, "failed".
+
+    With ``resume``, a stopped trace of the same request (``trace_request``) under ``out_base`` continues in
+    its folder (``store.resume.find_resumable``): its rows are kept, only the requests it lacks are replayed,
+    and ``on_resume`` gets the folder and the record of the reopening. The new replay process starts with the
+    caches the request says (a temporary cache folder is empty again), so the requests after a restart pay a
+    cold start again: a resumed trace's compile counts and excess are those of a server restarted there, not
+    of one start. meta.json's ``replay_starts`` lists the first request each replay process ran ([0] for a
+    trace that ran at one go), ``resumed`` each reopening."""
     from moebench._interpret import interpreting
     from moebench.environment import describe
-    from moebench.store.atomic import write_json_atomic
-    from moebench.store.runfolder import META_FILE, ROWS_FILE, SCHEMA_VERSION, new_run_dir
+    from moebench.store.resume import find_resumable, request_key, stopped_in
+    from moebench.store.runfolder import RunWriter, new_run_dir
 
+    key = request_key(trace_request(request, in_process))
+    resumable = find_resumable(Path(out_base), key) if resume else None  # refuses a folder a live process writes
     temporary = request.cache_dir is None
     cache_dir = Path(tempfile.mkdtemp(prefix="moebench-trace-cache-") if temporary else request.cache_dir)
     try:
@@ -285,46 +315,46 @@ def run_trace(request: TraceRequest, out_base: Path | str, on_row: Callable[[dic
         if request.warmup:
             warmed, items = _warmup(request, cache_dir, warmup_jobs)
             request = replace(request, startup=items)
-        run_dir = new_run_dir(Path(out_base), f"trace-{request.shape.name.replace('/', '-')}-{request.dtype}")
-        run_dir.mkdir(parents=True)
         meta = {
-            "schema_version": SCHEMA_VERSION, "kind": "trace", "status": "running", **describe(interpreting()),
+            "kind": "trace", **describe(interpreting()),
             "model": request.shape.name, "shape": asdict(request.shape), "dtype": request.dtype,
             "distribution": request.distribution, "seed": request.seed, "requests": len(request.counts),
             "cache_mode": "warmup" if request.warmup else "cold" if temporary else "given",
             "cache_dir": "temporary, removed after" if temporary else str(cache_dir),
             "cache_entries_at_start": len(os.listdir(cache_dir)), "specialize": request.specialize,
-            "configs_dir": request.configs_dir, "warmup": warmed, "pid": os.getpid(),
-            "process": "this" if in_process else "child (spawn)",
+            "configs_dir": request.configs_dir, "warmup": warmed,
+            "process": "this" if in_process else "child (spawn)", "request": key,
         }
-        write_json_atomic(run_dir / META_FILE, meta)
-        rows: list[dict] = []
-        with open(run_dir / ROWS_FILE, "a", encoding="utf-8") as f:
-            def keep(row: dict) -> None:
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                rows.append(row)
-                if on_row is not None:
-                    on_row(row)
+        name = f"trace-{request.shape.name.replace('/', '-')}-{request.dtype}"
+        writer = RunWriter(resumable or new_run_dir(Path(out_base), name), meta, resume=resumable is not None,
+                           columns=tuple(REQUEST_COLUMNS))
+        rows = sorted(writer.kept, key=lambda r: r["i"])
+        replayed = frozenset(r["i"] for r in rows)
+        first = next((i for i in range(len(request.counts)) if i not in replayed), len(request.counts))
 
-            try:
-                done = (_replay_here if in_process else _replay_child)(request, cache_dir, keep)
-            except BaseException as e:
-                stopped = isinstance(e, KeyboardInterrupt)
-                meta.update(status="interrupted" if stopped else "failed", finished=_now(),
-                            **({} if stopped else {"error": one_line(e)}))
-                write_json_atomic(run_dir / META_FILE, meta)
+        def keep(row: dict) -> None:
+            writer.append(row)
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+
+        try:
+            writer.note(replay_starts=[*writer.meta.get("replay_starts", []), first])
+            if writer.resumed and on_resume is not None:
+                on_resume(writer.run_dir, writer.resumed)
+            done = (_replay_here if in_process else _replay_child)(request, cache_dir, keep, replayed)
+        except BaseException as e:
+            stopped = stopped_in(e, writer.run_dir)
+            writer.end(stopped)
+            if stopped is e:
                 raise
-        meta.update(status="complete", finished=_now(), **done, summary=summarize(rows))
-        write_json_atomic(run_dir / META_FILE, meta)
-        return TraceRun(run_dir, rows, meta)
+            raise stopped from e
+        rows.sort(key=lambda r: r["i"])
+        writer.end(None, **done, summary=summarize(rows))
+        return TraceRun(writer.run_dir, rows, writer.meta)
     finally:
         if temporary:
             shutil.rmtree(cache_dir, ignore_errors=True)
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def _warmup(request: TraceRequest, cache_dir: Path, jobs: int | None) -> tuple[dict, tuple]:
@@ -346,21 +376,22 @@ def _warmup(request: TraceRequest, cache_dir: Path, jobs: int | None) -> tuple[d
     return json.loads(json.dumps(plain, default=str)), tuple(plan.items)
 
 
-def _replay_here(request: TraceRequest, cache_dir: Path, keep: Callable[[dict], None]) -> dict:
-    """The replay in this process; what meta.json records of it."""
+def _replay_here(request: TraceRequest, cache_dir: Path, keep: Callable[[dict], None],
+                 skip: Collection[int] = ()) -> dict:
+    """The replay in this process, less the requests ``skip`` names; what meta.json records of it."""
     done = replay(request.shape, request.dtype, list(request.counts), request.configs_dir, request.specialize,
                   cache_dir, request.seed, request.warm_calls, on_row=keep,
-                  startup=None if request.startup is None else list(request.startup))
+                  startup=None if request.startup is None else list(request.startup), skip=skip)
     return {"count_method": done.method, "interpreter": done.interpreter, "setup_s": done.setup_s,
             **(done.startup or dict.fromkeys(STARTUP_KEYS))}
 
 
-def _child(request: TraceRequest, cache_dir: str, messages) -> None:
+def _child(request: TraceRequest, cache_dir: str, messages, skip: Collection[int]) -> None:
     """The spawned process: the replay, its rows and its end sent as ("row" | "done" | "user_error" |
     "error", payload)."""
     os.environ["TRITON_CACHE_DIR"] = cache_dir  # set by the parent already; before Triton compiles anything
     try:
-        done = _replay_here(request, Path(cache_dir), lambda row: messages.put(("row", row)))
+        done = _replay_here(request, Path(cache_dir), lambda row: messages.put(("row", row)), skip)
         messages.put(("done", done))
     except UserError as e:
         messages.put(("user_error", str(e)))
@@ -368,10 +399,11 @@ def _child(request: TraceRequest, cache_dir: str, messages) -> None:
         messages.put(("error", traceback.format_exc()))
 
 
-def _replay_child(request: TraceRequest, cache_dir: Path, keep: Callable[[dict], None]) -> dict:
-    """The replay in a spawned child process started with TRITON_CACHE_DIR=cache_dir; its rows passed to
-    ``keep`` as they come. UserError where the child raised one; RuntimeError, with its traceback, for any other
-    error, or where it ended without a word."""
+def _replay_child(request: TraceRequest, cache_dir: Path, keep: Callable[[dict], None],
+                  skip: Collection[int] = ()) -> dict:
+    """The replay in a spawned child process started with TRITON_CACHE_DIR=cache_dir, less the requests ``skip``
+    names; its rows passed to ``keep`` as they come. UserError where the child raised one; RuntimeError, with
+    its traceback, for any other error, or where it ended without a word."""
     import multiprocessing
     import queue
 
@@ -379,7 +411,7 @@ def _replay_child(request: TraceRequest, cache_dir: Path, keep: Callable[[dict],
 
     spawn = multiprocessing.get_context("spawn")
     messages = spawn.Queue()
-    child = spawn.Process(target=_child, args=(request, str(cache_dir), messages), daemon=True)
+    child = spawn.Process(target=_child, args=(request, str(cache_dir), messages, skip), daemon=True)
     with cache_dir_env(cache_dir):  # the child's environment is this one at start
         child.start()
     try:
