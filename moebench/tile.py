@@ -212,14 +212,16 @@ def busy_slots(per_expert: float) -> float:
     return per_expert + 2 * per_expert**0.5
 
 
-def default_config(M: int, experts: int, topk: int, elem_bytes: int = 2, block_k: int | None = None,
+def default_config(M: int, experts: int, topk: int, weight_bytes: int = 2, fp8_scheme: str | None = None,
                    limits: DeviceLimits | None = None) -> TileConfig:
-    """A reasonable untuned tile for ``M`` tokens: small token tiles at decode, large at prefill.
+    """The untuned config moebench's kernel (the triton path) runs for ``M`` tokens: small token tiles at decode,
+    large at prefill.
 
     The tile height follows the token slots per expert (``M * topk / experts``): padding each expert to a tall
     tile wastes the tensor core when experts see few tokens. Up to 32 rows it is the lowest that holds a busy
     expert's slots (``busy_slots``) in one row tile, so most experts take one tile; then 64 rows up to 96 slots
-    per expert on average, 128 above. ``block_k`` pins BLOCK_SIZE_K (128 for 128x128 block-scaled fp8).
+    per expert on average, 128 above. For 128x128 block-scaled fp8 (``fp8_scheme`` "block128") K steps by one
+    scale block (128). num_stages is lowered until the tiles of ``weight_bytes`` elements fit ``limits``.
     """
     per_expert = M * topk / experts
     busy = busy_slots(per_expert)
@@ -231,12 +233,6 @@ def default_config(M: int, experts: int, topk: int, elem_bytes: int = 2, block_k
         cfg = TileConfig(64, 64, 64, 8, 4, 4)
     else:
         cfg = TileConfig(128, 128, 64, 8, 8, 3)
-    if block_k is not None:
-        cfg = replace(cfg, BLOCK_SIZE_K=block_k)
-    return fit_stages(cfg, elem_bytes, limits)
-
-
-def kernel_default(M: int, experts: int, topk: int, weight_bytes: int, fp8_scheme: str | None) -> TileConfig:
-    """The untuned config moebench's kernel (the triton path) runs: ``default_config``, K stepped by one scale
-    block (128) for 128x128 block-scaled fp8."""
-    return default_config(M, experts, topk, weight_bytes, block_k=128 if fp8_scheme == "block128" else None)
+    if fp8_scheme == "block128":
+        cfg = replace(cfg, BLOCK_SIZE_K=128)
+    return fit_stages(cfg, weight_bytes, limits)

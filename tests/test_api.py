@@ -27,7 +27,7 @@ from moebench.serve import api
 from moebench.tables import lookup
 from moebench.tables.engine import ConfigTable
 from moebench.tables.own import TableMeta, table_file_name, write_table
-from moebench.tile import TileConfig
+from moebench.tile import TileConfig, default_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -115,7 +115,7 @@ def test_a_table_in_configs_dir_is_used_at_the_nearest_m(tmp_path, monkeypatch, 
     """config_for reads the table at the key nearest M, and fused_moe runs that config, still correct."""
     write_tables(tmp_path / "mine")
     x, w13, w2, topk_weights, topk_ids = layer(M, torch.float16, seed=M)
-    heuristic = api.heuristic_config(M, E, TOPK, 2, None)
+    heuristic = default_config(M, E, TOPK, 2, None)
     assert heuristic not in (AT_4, AT_64)  # so the table's config is told apart from the fallback
     chosen = moebench.config_for(x, w13, w2, topk_ids, configs_dir=tmp_path / "mine")
     assert (chosen.source, chosen.table_m, chosen.config) == ("configs", key, {4: AT_4, 64: AT_64}[key])
@@ -131,13 +131,13 @@ def test_the_heuristic_is_the_triton_paths_default(dtype):
     spec = DTYPES[dtype]
     for M in (1, 64, 4096):
         problem = Problem(MoEShape("test", E, H, I, TOPK), M, dtype)
-        assert api.heuristic_config(M, E, TOPK, spec.weight_bytes, spec.fp8_scheme) == \
+        assert default_config(M, E, TOPK, spec.weight_bytes, spec.fp8_scheme) == \
             get_path("triton").default_config(problem)
 
 
 def test_the_env_folder_is_used_without_configs_dir_and_else_the_heuristic(tmp_path, monkeypatch):
     x, w13, w2, _, topk_ids = layer(4, torch.float16)
-    heuristic = api.heuristic_config(4, E, TOPK, 2, None)
+    heuristic = default_config(4, E, TOPK, 2, None)
     assert moebench.config_for(x, w13, w2, topk_ids) == lookup.Chosen(heuristic, "heuristic")
     write_tables(tmp_path / "env")
     monkeypatch.setenv(lookup.ENV_VAR, str(tmp_path / "env"))

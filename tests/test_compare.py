@@ -14,10 +14,10 @@ from moebench.report.compare import (
     check_comparable,
     check_table,
     compare_runs,
-    count_slower,
     device_mismatch,
     unmatched,
 )
+from moebench.report.gate import gate
 
 SHAPE = {
     "model": "mixtral-8x7b", "experts": 8, "hidden": 4096, "intermediate": 14336, "topk": 2, "moe_layers": 32,
@@ -55,7 +55,8 @@ def test_clear_faster_slower_and_same_points():
     for r in got.values():
         assert r["ratio"] == pytest.approx(r["new_us"] / r["base_us"])
         assert r["noise"] == pytest.approx(0.03)  # no spread recorded above the threshold
-    assert count_slower(cmp) == 1
+    # what compare --fail-on-slower counts: the one SLOWER point
+    assert [line.split(":")[0] for line in gate(base, new, fail_pct=0).regressions] == ["mixtral-8x7b bf16 M=16 triton"]
 
 
 def test_noise_of_either_run_widens_the_same_band():

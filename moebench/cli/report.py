@@ -9,14 +9,9 @@ from pathlib import Path
 
 import click
 
-FORMATS = ("table", "csv", "json")
+from moebench.cli.console import FORMATS, emit, note, out_console
+
 TABLES = ("throughput", "ttft", "cold_start")
-
-
-def _cli():
-    from moebench.cli import main as cli
-
-    return cli
 
 
 def load_runs(paths):
@@ -25,7 +20,7 @@ def load_runs(paths):
 
     loaded = runs.load(list(paths))
     for w in loaded.warnings:
-        _cli()._note(w)
+        note(w)
     return loaded
 
 
@@ -60,7 +55,7 @@ def print_tables(df, fmt: str, out, which: str | None = None, traces=()) -> None
             line.append(f": {r['model']} {r['dtype']} M={r['M']} {r['path']}: {r['error']}")
             out.print(line)
     elif fmt == "csv":
-        _cli()._emit(report.render(tables[which or "throughput"], "csv", which or "throughput"))
+        emit(report.render(tables[which or "throughput"], "csv", which or "throughput"))
     else:
         click.echo(json.dumps({name: json.loads(report.render(t, "json", name)) for name, t in tables.items()},
                               indent=2))
@@ -89,23 +84,23 @@ def report(runs, fmt, which, gains, html_out):
         from moebench.report.page import write_html
 
         write_html(loaded, html_out)
-        _cli()._note(f"report page: {html_out}")
+        note(f"report page: {html_out}")
     if not gains:
-        print_tables(df, fmt, _cli()._console(), which, loaded.traces)
+        print_tables(df, fmt, out_console(), which, loaded.traces)
         return
     if rep.is_interpreter_run(df):
         raise UserError("--gains sets GPU timings side by side; these rows come from the CPU interpreter, whose "
                         "timings are not GPU performance (compare --by checks their correctness)")
     table = rep.gains_table(df)
     if fmt == "table":
-        rep.render(table, "table", f"triton gains: {', '.join(map(str, runs))}", console=_cli()._console())
+        rep.render(table, "table", f"triton gains: {', '.join(map(str, runs))}", console=out_console())
         geo, low = rep.geomean_pct_of_floor(table)
         if table.empty or geo != geo:  # NaN: no % of floor to summarise
-            _cli()._console().print(f"{len(table)} points, none with a % of floor")
+            out_console().print(f"{len(table)} points, none with a % of floor")
         else:
-            _cli()._console().print(f"{len(table)} points: geometric mean {geo:.1f}% of floor, lowest {low:.1f}%")
+            out_console().print(f"{len(table)} points: geometric mean {geo:.1f}% of floor, lowest {low:.1f}%")
     else:
-        _cli()._emit(rep.render(table, fmt, "gains"))
+        emit(rep.render(table, fmt, "gains"))
 
 
 @click.command()
@@ -147,23 +142,23 @@ def compare(runs, by, base_variant, fmt, threshold, fail_pct, fail_on_slower):
     if fail_pct is not None:
         return _gate(base_df, new_df, runs, fail_pct, threshold, fmt, len(base_runs.runs))
     if w := cmp.device_mismatch(base_df, new_df):
-        _cli()._note(f"warning: {w}")
+        note(f"warning: {w}")
     if cmp.is_interpreter(base_df):
         table, title = cmp.check_table(base_df, new_df), f"Correctness (CPU interpreter): {runs[0]} -> {runs[1]}"
     else:
         table, title = cmp.compare_runs(base_df, new_df, min_threshold=threshold), f"{runs[0]} -> {runs[1]}"
     _show(table, fmt, title)
     if fmt == "table" and len(only := cmp.unmatched(base_df, new_df)):
-        _cli()._note(f"{len(only)} point(s) present in one run only")
+        note(f"{len(only)} point(s) present in one run only")
 
 
 def _show(table, fmt: str, title: str) -> None:
     from moebench.report import tables as rep
 
     if fmt == "table":
-        rep.render(table, "table", title, console=_cli()._console())
+        rep.render(table, "table", title, console=out_console())
     else:
-        _cli()._emit(rep.render(table, fmt, "compare"))
+        emit(rep.render(table, fmt, "compare"))
 
 
 def _gate(base_df, new_df, runs, fail_pct: float, threshold: float, fmt: str, base_count: int) -> None:
@@ -172,11 +167,11 @@ def _gate(base_df, new_df, runs, fail_pct: float, threshold: float, fmt: str, ba
     result = gate(base_df, new_df, fail_pct, min_threshold=threshold)
     _show(result.table, fmt, f"gate: {runs[1]} against {runs[0]} (fail beyond {fail_pct:g}% and noise)")
     if base_count == 1 and "noise" in result.table.columns:
-        _cli()._note("note: the baseline is one run, so run-to-run noise is unknown; a baseline of several runs "
+        note("note: the baseline is one run, so run-to-run noise is unknown; a baseline of several runs "
                      "made on more than one machine start carries it (docs/reports.md)")
     for line in result.regressions:
-        _cli()._note(f"regression: {line}", "red")
-    _cli()._note(f"{len(result.regressions)} regression(s) in {len(result.table)} point(s)")
+        note(f"regression: {line}", "red")
+    note(f"{len(result.regressions)} regression(s) in {len(result.table)} point(s)")
     sys.exit(result.exit_status)
 
 

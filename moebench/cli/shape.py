@@ -32,10 +32,6 @@ def shape_options(model_help: str = "A preset (see `moebench models`)."):
     return apply
 
 
-def shape_given(model, hf_config, experts, hidden, intermediate) -> bool:
-    return any(v is not None for v in (model, hf_config, experts, hidden, intermediate))
-
-
 def one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep, verb: str = "tune"):
     """The one MoE shape a command is for: a preset, a config.json, or explicit sizes; then sharded.
     UserError (naming ``verb``, e.g. "tune one shape") unless exactly one of them is given."""

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
+from moebench.cli.console import FORMATS, emit, note, out_console, progress_bar
 from moebench.cli.shape import one_shape, shape_options
 from moebench.errors import UserError
 
-FORMATS = ("table", "csv", "json")
 TABLES = ("summary", "events", "requests")
 DEFAULT_REQUESTS = 1000
 # The interpreter runs a layer call in tenths of a second even on a tiny shape: fewer, smaller requests there.
@@ -105,7 +105,6 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     import pandas as pd
 
     from moebench._interpret import interpreting
-    from moebench.cli.main import _console, _emit, _note, _progress
     from moebench.report import tables as report
     from moebench.serve import trace as tr
     from moebench.store.resume import stop_on_sigterm
@@ -133,16 +132,16 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     tr.check_request(request)
     ensure_out_dir(out_dir)
     if interpreter:
-        _note(f"No CUDA GPU: {tr.INTERPRETER_NOTE}.", "yellow")
-    bar = _progress(progress)
+        note(f"No CUDA GPU: {tr.INTERPRETER_NOTE}.", "yellow")
+    bar = progress_bar(progress)
     # Ctrl-C or SIGTERM: the child is stopped, the folder says "interrupted" and cli.main how to resume it
     with stop_on_sigterm(), bar:
         task = bar.add_task(f"trace {shape.name} {request.dtype}", total=len(counts))
 
         def resumed(run_dir: Path, record: dict) -> None:
             for w in record.get("warnings", []):
-                _note(w)
-            _note(f"resuming {run_dir}: {record['rows_kept']} requests kept "
+                note(w)
+            note(f"resuming {run_dir}: {record['rows_kept']} requests kept "
                   f"(previous status: {record['previous_status']})")
             bar.update(task, advance=record["rows_kept"])
 
@@ -152,15 +151,15 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     tables = {"summary": pd.DataFrame([tr.summarize(done.rows)]), "events": tr.events_table(done.rows),
               "requests": tr.requests_table(done.rows)}
     if fmt == "json" and which:
-        _emit(report.render(tables[which], "json", which))
+        emit(report.render(tables[which], "json", which))
     elif fmt == "json":
         click.echo(json.dumps({"run": str(done.run_dir), "count_method": done.meta.get("count_method"),
                                "summary": done.meta["summary"],
                                "events": json.loads(report.render(tables["events"], "json", "events"))}, indent=2))
     elif fmt == "csv":
-        _emit(report.render(tables[which or "summary"], "csv", which or "summary"))
+        emit(report.render(tables[which or "summary"], "csv", which or "summary"))
     else:
-        console, title = _console(), f"{shape.name} {request.dtype}, {len(counts)} requests"
+        console, title = out_console(), f"{shape.name} {request.dtype}, {len(counts)} requests"
         for name in [which] if which else ["summary", "events"]:
             table = _summary_for_people(tr.summarize(done.rows)) if name == "summary" else tables[name]
             if name == "events" and table.empty and not which:
@@ -170,5 +169,5 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
                 continue
             report.render(table, "table", f"{name}: {title}", console=console, caption="")
     if line := startup_line(done.meta):
-        _note(line)
-    _note(f"run folder: {done.run_dir}")
+        note(line)
+    note(f"run folder: {done.run_dir}")

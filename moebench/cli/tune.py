@@ -7,10 +7,9 @@ from pathlib import Path
 
 import click
 
+from moebench.cli.console import FORMATS, emit, load_run_warned, note, out_console, progress_bar
 from moebench.cli.shape import one_shape, shape_options, token_counts
 from moebench.errors import UserError
-
-FORMATS = ("table", "csv", "json")
 
 
 def _options(pairs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
@@ -83,7 +82,6 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     import time
 
     from moebench._interpret import interpreting
-    from moebench.cli.main import _console, _emit, _note
     from moebench.store.runfolder import ensure_out_dir
     from moebench.tune.run import TuneRequest
     from moebench.tune.run import tune as run_tune
@@ -93,14 +91,14 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name, token_counts(ms), strategy,
                           _options(options), seed=seed, prune=not no_prune)
     ensure_out_dir(out_dir)
-    bar = _bar(progress)
+    bar = progress_bar(progress)
     state = {"failures": {}, "first_error": {}, "best": {}, "task": None}
     started = time.monotonic()
 
     def on_progress(what: str, done: int, total: int) -> None:
         if interpreter and state["task"] is None:  # said once the request is valid and the tune starts
-            _note("No CUDA GPU: tuning on the Triton interpreter checks the search runs; its times are not GPU "
-                  "performance.", "yellow")
+            note("No CUDA GPU: tuning on the Triton interpreter checks the search runs; its times are not GPU "
+                 "performance.", "yellow")
         if state["task"] is None or bar.tasks[state["task"]].description != what:
             state["task"] = bar.add_task(what, total=total, status="")
         bar.update(state["task"], completed=done, total=total, status=_status())
@@ -124,19 +122,19 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
                           compile_jobs=compile_jobs, fresh=fresh, check_against=check_against,
                           on_progress=on_progress, on_result=on_result)
     for failure, n in sorted(state["failures"].items()):
-        _note(f"{n} config{'s' if n > 1 else ''} failed ({failure}); the first: {state['first_error'][failure]}")
+        note(f"{n} config{'s' if n > 1 else ''} failed ({failure}); the first: {state['first_error'][failure]}")
     if result.resumed:
         for w in result.resumed.get("warnings", []):  # a torn last row cut off
-            _note(w)
-        _note(f"resumed {result.run_dir}: {result.resumed['rows_kept']} rows kept "
-              f"(previous status: {result.resumed['previous_status']})")
+            note(w)
+        note(f"resumed {result.run_dir}: {result.resumed['rows_kept']} rows kept "
+             f"(previous status: {result.resumed['previous_status']})")
     rows = summary_rows(result)
     if fmt == "json":
         click.echo(json.dumps({"run": str(result.run_dir), "rows": rows}, indent=2))
     elif fmt == "csv":
         import pandas as pd
 
-        _emit(pd.DataFrame(rows).to_csv(index=False))
+        emit(pd.DataFrame(rows).to_csv(index=False))
     else:
         from rich.table import Table
 
@@ -149,27 +147,9 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
             if result.check:
                 cells.append(_num(r["vs_check"], "{:.3f}x"))
             table.add_row(*cells)
-        _console().print(table)
-    _note(f"run folder: {result.run_dir} ({time.monotonic() - started:.0f} s); "
-          f"export: moebench export-configs {result.run_dir}")
-
-
-def _bar(progress: bool):
-    """The progress bar of a tune's phases on stderr: done of total, elapsed, left, a status field."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    from moebench.cli.main import _err_console
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
-                    console=_err_console(), disable=not progress)
+        out_console().print(table)
+    note(f"run folder: {result.run_dir} ({time.monotonic() - started:.0f} s); "
+         f"export: moebench export-configs {result.run_dir}")
 
 
 def _num(v, fmt: str = "{:.1f}") -> str:
@@ -192,14 +172,13 @@ def export_configs(run, out_dir, layout, engine_triton):
     The engines' files come from the engines' kernel form (path triton-classic; a tune's final re-timings
     where an M has them). Prints each file written, then the line that points the engine at them.
     """
-    from moebench.cli.main import _load_run_warned, _note
     from moebench.tables.export import export_run
 
-    meta, df = _load_run_warned(run)
+    meta, df = load_run_warned(run)
     done = export_run(meta, df, out_dir, layout=layout, engine_triton=engine_triton,
                       source_run=str(Path(run).resolve()))
     for w in done.warnings:
-        _note(w)
+        note(w)
     for p in done.files:
         click.echo(str(p))
     if done.env_line:
@@ -227,7 +206,6 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
     import time
 
     from moebench._interpret import interpreting
-    from moebench.cli.main import _console, _note
     from moebench.store.runfolder import ensure_out_dir
     from moebench.tune.served import OPTIONS, select
     from moebench.tune.served import tune_tables as run_all
@@ -241,16 +219,16 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
             table.add_column(col)
         for e in entries:
             table.add_row(e.model, str(e.tp), e.dtype, e.why)
-        _console().print(table)
+        out_console().print(table)
         return
     if interpreting():
         raise UserError("tune-tables times GPU kernels and there is no CUDA GPU here (--list shows the entries)")
     ensure_out_dir(out_dir)
     started = time.monotonic()
     options = " ".join(f"{k}={v}" for k, v in OPTIONS)
-    _note(f"{len(entries)} table(s), fast strategy with {options}")
+    note(f"{len(entries)} table(s), fast strategy with {options}")
 
-    bar, state = _bar(progress), {"entry": "", "task": None, "what": None}
+    bar, state = progress_bar(progress), {"entry": "", "task": None, "what": None}
 
     def begin(i, entry) -> None:
         state["entry"] = f"[{i + 1}/{len(entries)}] {entry.name}"
@@ -263,7 +241,7 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
 
     def end(t) -> None:
         if t.error:
-            _note(f"{t.entry.name}: not tuned: {t.error}", "yellow")
+            note(f"{t.entry.name}: not tuned: {t.error}", "yellow")
         for f in t.files:
             click.echo(str(f))
 
@@ -272,7 +250,7 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
                        {"gpus": gpus, "compile_jobs": compile_jobs, "on_progress": on_progress},
                        on_entry=begin, on_done=end)
     tuned = sum(1 for t in done if t.files)
-    _note(f"{tuned} of {len(done)} table(s) written into {into} in {time.monotonic() - started:.0f} s; "
-          f"use them: export MOEBENCH_CONFIGS={into.resolve()}")
+    note(f"{tuned} of {len(done)} table(s) written into {into} in {time.monotonic() - started:.0f} s; "
+         f"use them: export MOEBENCH_CONFIGS={into.resolve()}")
     if tuned < len(done):
         raise SystemExit(1)

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import click
 
+from moebench.cli.console import TEXT_FORMATS, note, progress_bar
 from moebench.cli.shape import one_shape, shape_options
 from moebench.errors import UserError
-
-FORMATS = ("text", "json")
 
 
 def _plan(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, configs_dir, max_tokens):
@@ -60,7 +59,7 @@ def summary_line(plan, report) -> str:
               help="Worker processes that compile; 0 compiles in this one. [default: cores - 1, at most 12]")
 @click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Triton cache folder to compile into. [default: $TRITON_CACHE_DIR, else Triton's ~/.triton/cache]")
-@click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(FORMATS))
+@click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(TEXT_FORMATS))
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
 def warmup(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, configs_dir, max_tokens, jobs,
            cache_dir, fmt, progress):
@@ -74,27 +73,23 @@ def warmup(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep,
     import json
 
     from moebench import _interpret  # noqa: F401  (first: the interpreter on, where there is no GPU)
-    from moebench.cli.main import _err_console, _note
     from moebench.serve.warmup import warm
     from moebench.workers.precompile import default_jobs
 
     plan = _plan(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, configs_dir,
                  max_tokens)
-    for note in plan.notes:
-        _note(note, "yellow")
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=_err_console(), disable=not progress)
+    for line in plan.notes:
+        note(line, "yellow")
+    bar = progress_bar(progress)
     with bar:
         task = bar.add_task("warmup", total=plan.runs)
         report = warm(plan, default_jobs() if jobs is None else jobs, cache_dir,
                       on_progress=lambda what, done, total: bar.update(task, completed=done, description=what))
     for line in report.failures:
-        _note(f"could not run: {line}")
+        note(f"could not run: {line}")
     if report.interpreter:
-        _note("No CUDA GPU: the Triton interpreter compiles nothing; this was a dry run that checks each config "
-              "runs.", "yellow")
+        note("No CUDA GPU: the Triton interpreter compiles nothing; this was a dry run that checks each config "
+             "runs.", "yellow")
     if fmt == "json":
         click.echo(json.dumps({"shape": plan.name, "dtype": plan.dtype, "source": plan.source,
                                "max_tokens": plan.max_tokens, "m": [M for M, _ in plan.items],

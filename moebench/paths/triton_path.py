@@ -7,7 +7,7 @@ import torch
 from moebench.kernels.fused_moe import DeviceFacts, LayerShapes, fused_moe, launch_plan
 from moebench.paths.base import Target, triton_supports
 from moebench.problem import MoEInputs, Problem
-from moebench.tile import TileConfig, kernel_default
+from moebench.tile import TileConfig, default_config
 
 
 class TritonPath:
@@ -21,7 +21,7 @@ class TritonPath:
 
     def default_config(self, problem: Problem) -> TileConfig:
         s, spec = problem.shape, problem.spec
-        return kernel_default(problem.M, s.experts, s.topk, spec.weight_bytes, spec.fp8_scheme)
+        return default_config(problem.M, s.experts, s.topk, spec.weight_bytes, spec.fp8_scheme)
 
     def prepare(self, inputs: MoEInputs, problem: Problem, config: TileConfig | None):
         cfg = config or self.default_config(problem)

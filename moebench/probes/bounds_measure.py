@@ -4,7 +4,7 @@
 them, then per point the fastest of several one-launch readers of the floor's bytes and the two dense GEMMs,
 each checked before it is timed (a reader's sum against the buffer's, a product against float32), timed by
 CUDA-graph replay with L2 emptied. The measuring functions take the device and a timer, so the CPU tests run
-them on tiny shapes with a wall clock.
+them on tiny shapes with a timer of their own.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from moebench.errors import UserError, one_line, os_error_line
 from moebench.hardware import DeviceLimits
 from moebench.kernels.stream import read_all
 from moebench.measure.roofline import Ceilings, floor, measure_ceilings
-from moebench.measure.timer import graph_method, time_graph, time_wallclock
+from moebench.measure.timer import graph_method, time_graph
 from moebench.probes.bounds import (
     GemmShape,
     bound_fields,
@@ -49,11 +49,6 @@ _GPU_ERRORS = (RuntimeError, triton.runtime.errors.OutOfResources, triton.Compil
 def graph_timer(budget_s: float = 0.2) -> Timer:
     """CUDA-graph replay with L2 emptied before each replay (``time_graph``): the timing method of GPU runs."""
     return lambda fn: time_graph(fn, budget_s=budget_s, min_reps=20, max_reps=100).median_us
-
-
-def wallclock_timer(fn: Callable[[], None]) -> float:
-    """Wall clock on the CPU: lets the tests run the measuring code; its numbers bound nothing."""
-    return time_wallclock(fn).median_us
 
 
 def readers(buf: torch.Tensor, sms: int) -> dict[str, tuple[Callable[[], None], torch.Tensor]]:

@@ -195,11 +195,6 @@ def unmatched(base: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(key, kind="stable")[UNMATCHED_COLUMNS].reset_index(drop=True)
 
 
-def count_slower(cmp: pd.DataFrame) -> int:
-    """How many points regressed (SLOWER, or BROKEN in a correctness comparison)."""
-    return int(cmp["verdict"].isin(["SLOWER", "BROKEN"]).sum())
-
-
 def point_label(r) -> str:
     """A point as one short phrase: 'mixtral-8x7b bf16 M=16 cutlass'."""
     return f"{r['model']} {r['dtype']} M={r['M']} {r['path']}"

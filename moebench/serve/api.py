@@ -20,15 +20,10 @@ from moebench.errors import UserError
 from moebench.kernels.fused_moe import fused_moe as launch
 from moebench.quant import FP8
 from moebench.tables import lookup
-from moebench.tile import TileConfig, kernel_default
+from moebench.tile import TileConfig, default_config
 
 SCHEMES = (None, "tensor", "channel", "block128")  # fp8_scheme values
 _PLAIN = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}  # x's dtype -> dtype name
-
-
-def heuristic_config(M: int, experts: int, topk: int, weight_bytes: int, fp8_scheme: str | None) -> TileConfig:
-    """The untuned config the triton path runs (``tile.kernel_default``)."""
-    return kernel_default(M, experts, topk, weight_bytes, fp8_scheme)
 
 
 def dtype_name(act: torch.dtype, fp8_scheme: str | None, static: bool = False) -> str:
@@ -124,7 +119,7 @@ def _tile(config: TileConfig | Mapping) -> TileConfig:
 
 
 def _choose(layer: _Layer, fp8_scheme: str | None, configs_dir) -> lookup.Chosen:
-    heuristic = heuristic_config(layer.M, layer.experts, layer.topk, layer.weight_bytes, fp8_scheme)
+    heuristic = default_config(layer.M, layer.experts, layer.topk, layer.weight_bytes, fp8_scheme)
     return lookup.choose(layer.M, layer.experts, layer.intermediate, layer.dtype, environment.device_name(layer.device),
                          heuristic, lookup.check_dir(configs_dir, what="configs_dir"))
 

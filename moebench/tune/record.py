@@ -1,8 +1,9 @@
-"""Tuning runs as compact timing tables: what the strategies' tests replay, small enough to commit.
+"""Recorded tuning runs read back: what the strategies' tests replay.
 
-A run folder's rows carry every column of a sweep; a recording keeps, per row, M, the phase, the six engine
-parameters (moebench's kernel's own fields as a label), the status, the failure and the time, as CSV.
-``replay_times`` reads one back as the (M, config key) -> screen time map ``ReplayBench`` answers from.
+A recording is a CSV of a tune's rows, small enough to commit: per row M, the phase, the six engine parameters
+(``own``: the marks of moebench's kernel's own fields, where any is off its default), the status, the failure and
+the times. ``replay_times`` reads one back as the (M, config key) -> screen time map ``ReplayBench``
+answers from.
 """
 
 from __future__ import annotations
@@ -11,30 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from moebench.store.runfolder import load_run
 from moebench.tile import FIELDS, TileConfig
 
 ENGINE = [f.name for f in FIELDS if f.engine]
-COLUMNS = ["M", "phase", *ENGINE, "own", "status", "failure", "time_us", "time_p20_us", "time_p80_us", "reps"]
-
-
-def _own(config: dict) -> str:
-    """The marks of the config's moebench-only fields away from their defaults ("" if none): its short label
-    after the engine fields' marks (the shape, w, s, and g where GROUP_SIZE_M is not 1; ``tile.FIELDS`` lists
-    the engine fields first)."""
-    cfg = TileConfig.from_dict(config)
-    return " ".join(cfg.label.split(" ")[3 + (cfg.GROUP_SIZE_M != 1):])
-
-
-def compact(run_dir: Path | str) -> pd.DataFrame:
-    """The rows of a tune's run folder as a recording (``COLUMNS``)."""
-    _, df = load_run(run_dir)
-    df = df[df["config"].notna()]
-    cfg = pd.DataFrame([dict(c) for c in df["config"]], index=df.index)
-    own = df["config"].map(_own)
-    out = pd.concat([df[["M", "phase"]], cfg[ENGINE], own.rename("own"),
-                     df[["status", "failure", "time_us", "time_p20_us", "time_p80_us", "reps"]]], axis=1)
-    return out[COLUMNS].reset_index(drop=True)
 
 
 def replay_times(recording: Path | str | pd.DataFrame) -> dict[tuple[int, tuple], float | None]:

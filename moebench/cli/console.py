@@ -1,0 +1,78 @@
+"""What every command prints besides its own data: notes on stderr, the consoles, text on stdout, the output
+formats, the one progress bar, and a run folder loaded with its warnings said.
+
+Every command imports these from here (and ``cli.main`` imports the commands), so no command depends on the
+group that registers it. Rich is imported when first used, so ``--help`` stays light.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+FORMATS = ("table", "csv", "json")  # --format: a rich table for people, CSV or JSON for programs
+TEXT_FORMATS = ("text", "json")  # --format of warmup, which prints one summary line rather than a table
+
+
+def err_console():
+    """Standard error for notes, warnings and progress (rich, imported when first needed)."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def note(text: str, style: str = "") -> None:
+    """One line on stderr, printed as is (no rich markup read in ``text``)."""
+    from rich.text import Text
+
+    err_console().print(Text(text, style=style), soft_wrap=True)
+
+
+def out_console():
+    """Standard output for tables: the terminal's width, or wide enough not to crop columns in a pipe."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def emit(text: str | None) -> None:
+    """Text for programs (CSV, JSON) on stdout, without a trailing blank line; nothing for None."""
+    if text is not None:
+        click.echo(text.rstrip("\n"))
+
+
+def progress_bar(enabled: bool):
+    """The progress bar of every command, on stderr: the task, the bar, done/total, time elapsed and left, and the
+    task's ``status`` field where it was given one (``add_task(..., status="")``); disabled, it prints nothing."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.text import Text
+
+    class StatusColumn(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text(str(task.fields.get("status", "")))
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("left"), TimeRemainingColumn(), StatusColumn(), console=err_console(),
+                    disable=not enabled)
+
+
+def load_run_warned(run: Path):
+    """A run folder's (meta, rows), saying on stderr when its schema version is not this moebench's or a
+    torn last row was left out, and when the run did not run through (killed, interrupted, failed)."""
+    from moebench.store.runfolder import load_run, schema_warning, status_warning
+
+    meta, df = load_run(run)
+    for w in [schema_warning(meta, str(run)), status_warning(meta, str(run), len(df)), *df.attrs.get("warnings", [])]:
+        if w:
+            note(w)
+    return meta, df

@@ -1,0 +1,118 @@
+"""``moebench sweep``: the command over ``moebench.bench.sweep.run_sweep`` (a sweep spec or flags in, a run folder
+and its tables out)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from moebench.cli.console import FORMATS, note, out_console, progress_bar
+from moebench.cli.report import TABLES, print_tables
+
+
+@click.command()
+@click.argument("spec", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--model", "models", multiple=True,
+              help="Preset name(s), repeatable or comma list (see `moebench models`).")
+@click.option("--hf-config", "hf_configs", multiple=True, type=click.Path(path_type=Path),
+              help="A Hugging Face config.json (or its folder); repeatable.")
+@click.option("--experts", type=int, help="Explicit shape: routed experts (with --hidden, --intermediate, --topk).")
+@click.option("--hidden", type=int, help="Explicit shape: hidden size.")
+@click.option("--intermediate", type=int, help="Explicit shape: per-expert intermediate size.")
+@click.option("--topk", default=None, help="Top-k, comma list; overrides the models' own.")
+@click.option("--m", "ms", default=None,
+              help="Token counts, comma list. [default: 1,16,128,1024,4096; without a GPU 1,16,64]")
+@click.option("--dtype", "dtypes", default=None,
+              help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128; comma list. "
+                   "[default: bf16; without a GPU fp16]")
+@click.option("--path", "paths", default=None,
+              help="triton, triton-classic, cutlass, torch; comma list. "
+                   "[default: triton,cutlass; without a GPU triton,torch]")
+@click.option("--routing", default=None, type=click.Choice(["uniform", "skewed"]),
+              help="Expert load. [default: uniform]")
+@click.option("--seed", default=None, type=int, help="Input seed. [default: 0]")
+@click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree: divides the intermediate size.")
+@click.option("--ep", default=1, show_default=True, help="Expert-parallel degree: divides the experts.")
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+              help="Where the run folder is created.")
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS),
+              help="Printed output.")
+@click.option("--table", "which", type=click.Choice(TABLES[:2]), default=None,
+              help="Print only this table (csv prints one table: throughput unless this says ttft).")
+@click.option("--tune", is_flag=True, help="Try the tile-config candidates for the triton path (a row each).")
+@click.option("--configs", "configs_dir", type=click.Path(path_type=Path), default=None,
+              help="A folder of moebench tables (export-configs --layout moebench) the triton path reads its tile "
+                   "config from, before $MOEBENCH_CONFIGS and the shipped tables; each row says where its config "
+                   "came from (config_source).")
+@click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
+              help="With --tune on a GPU: worker processes that compile each point's candidates before it is "
+                   "timed; 0 compiles them one by one in the sweep's process. [default: cores - 1, at most 12]")
+@click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
+@click.option("--fresh", is_flag=True,
+              help="Start a new run folder even where a stopped run of the same sweep under --out could resume.")
+def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dtypes, paths, routing, seed, tp,
+          ep, out_dir, fmt, which, tune, configs_dir, compile_jobs, progress, fresh):
+    """Run a sweep from SPEC (a YAML file, or the name of a shipped spec such as quick) or from flags,
+    write a run folder, print tables.
+
+    With neither, runs the shipped quick spec on a GPU, or the cpu spec (a tiny shape on the Triton
+    interpreter: correctness only, CPU timings are not GPU performance). Without a GPU, the GPU defaults
+    you did not override (bf16, GPU-only paths, the GPU's M list) give way to fp16, torch and small M,
+    and a line on stderr says so.
+
+    A run stopped part-way (Ctrl-C, SIGTERM, a kill, a crash) continues in its folder when the same command
+    is run again: the rows it has are kept, the rest are run.
+    """
+    from moebench._interpret import interpreting
+    from moebench.bench.spec import default_spec_file, for_interpreter, from_options
+    from moebench.bench.sweep import run_sweep, validate
+    from moebench.paths.base import Target
+    from moebench.store.resume import stop_on_sigterm
+    from moebench.store.runfolder import ensure_out_dir, load_run
+    from moebench.workers.precompile import default_jobs
+
+    interpreter = interpreting()
+    sweep_spec = from_options(
+        spec, default_spec_file(interpreter), models=models, hf_configs=hf_configs, experts=experts,
+        hidden=hidden, intermediate=intermediate, topk=topk, ms=ms, dtypes=dtypes, paths=paths, routing=routing,
+        seed=seed, tp=tp, ep=ep, tune=tune,
+    )
+    target = Target.current()
+    changed = None
+    if interpreter:
+        sweep_spec, changed = for_interpreter(sweep_spec, target, dtypes_given=dtypes is not None,
+                                        paths_given=paths is not None, ms_given=ms is not None)
+    # refuse before anything is printed or written; the plan, built once
+    plan = validate(sweep_spec, target, configs_dir=configs_dir)
+    ensure_out_dir(out_dir)  # an --out that is a file or read-only fails here, before any work
+    out = out_console()
+    if interpreter:
+        note("No CUDA GPU: running on the Triton interpreter. "
+             "CPU timings check correctness only; they are not GPU performance.", "yellow")
+        if changed:
+            note(changed, "yellow")
+    bar = progress_bar(progress)
+    with stop_on_sigterm(), bar:
+        task = bar.add_task("measuring ceilings" if not interpreter else "sweeping", total=None)
+
+        def started(n: int) -> None:
+            bar.update(task, total=n, description=f"sweep {sweep_spec.name}")
+
+        def advanced(row: dict) -> None:
+            bar.update(task, advance=1, description=f"{row['model']} {row['dtype']} M={row['M']} {row['path']}")
+
+        def noted(text: str) -> None:
+            bar.update(task, description=text)
+
+        def resumed(run_dir: Path, record: dict) -> None:
+            for w in record.get("warnings", []):
+                note(w)
+            note(f"resuming {run_dir}: {record['rows_kept']} rows kept (previous status: {record['previous_status']})")
+
+        jobs = default_jobs() if compile_jobs is None else compile_jobs
+        run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started, compile_jobs=jobs, on_note=noted,
+                            resume=not fresh, on_resume=resumed)
+    _, df = load_run(run_dir)
+    print_tables(df, fmt, out, which)
+    note(f"run folder: {run_dir}")
