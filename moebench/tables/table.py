@@ -4,7 +4,8 @@ vLLM and SGLang hold one such table per file: ``{"<M>": {six tile keys}}``, writ
 ``json.dump(configs, f, indent=4)`` plus a newline, keys in ascending M, each value with vLLM's six keys in its
 order; both read a file by turning its keys into ints and picking ``configs[min(configs, key=lambda x: abs(x - M))]``.
 ``ConfigTable`` follows that rule (``nearest``) for every reader, moebench's lookup included, and writes and reads
-that text (``to_json``, ``from_json``). ``Provenance`` is what an export records of where a table came from.
+that text (``to_json``, ``from_json``). ``ENGINE_PATH`` names the path whose timings pick the engines' configs;
+``Provenance`` is what an export records of where a table came from.
 """
 
 from __future__ import annotations
