@@ -25,8 +25,8 @@ from moebench.paths.torch_ref import moe_reference
 from moebench.problem import Problem, Weights, make_inputs
 from moebench.serve import api
 from moebench.tables import lookup
-from moebench.tables.engine import ConfigTable
-from moebench.tables.own import TableMeta, table_file_name, write_table
+from moebench.tables.formats.moebench import TableMeta, file_name, table_text
+from moebench.tables.table import ConfigTable
 from moebench.tile import TileConfig, default_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +80,7 @@ def write_tables(folder: Path, dtype: str = "fp16") -> None:
     meta = TableMeta(device_name=device_name(), dtype=dtype,
                      shape={"experts": E, "intermediate": I, "hidden": H, "topk": TOPK})
     folder.mkdir(parents=True, exist_ok=True)
-    write_table(folder / table_file_name(E, I, device_name(), dtype), meta, ConfigTable({4: AT_4, 64: AT_64}))
+    (folder / file_name(E, I, device_name(), dtype)).write_text(table_text(meta, ConfigTable({4: AT_4, 64: AT_64})))
 
 
 @pytest.mark.skipif(DEVICE == "cuda" and not interpreting(), reason="the example's tensors are on the CPU")

@@ -178,7 +178,7 @@ def test_bad_yaml_spec(tmp_path):
 def test_export_configs_from_the_committed_h200_run(tmp_path):
     """The committed H200 sweep timed moebench's kernel (path triton) only: the engine layouts refuse it and say
     how to get their rows; --layout moebench writes one loadable table per (E, N, dtype) and the sidecar."""
-    from moebench.tables.own import load_table
+    from moebench.tables.formats.moebench import load_table
 
     proc = moebench("export-configs", str(GPU_RUN), "--out", str(tmp_path / "vllm"))
     assert proc.returncode == 2 and "moebench tune --path triton-classic" in proc.stderr

@@ -1,4 +1,5 @@
-"""Tile-config tables: vLLM/SGLang file names, nearest-M lookup, JSON round trip, best configs, writing."""
+"""Tile-config tables: vLLM/SGLang file names, nearest-M lookup, JSON round trip, best configs, the export's
+files, and the registry of formats."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import pandas as pd
 import pytest
 
 from moebench.errors import UserError
-from moebench.tables.engine import SGLANG_TRITON, ConfigTable, best_configs, config_file_name, write_tables
+from moebench.paths.registry import PATHS
+from moebench.tables.export import SIDECAR, export_run
+from moebench.tables.formats import FORMATS, get_format, sglang, vllm
+from moebench.tables.pick import best_configs
+from moebench.tables.table import ConfigTable
 from moebench.tile import TileConfig
 
 VLLM_KEYS = ["BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"]
@@ -63,18 +68,18 @@ def engine_lookup(text: str, M: int) -> dict:
 def test_vllm_file_names_follow_vllm(dtype, engine_dtype, block_shape):
     for device in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
         expected = vllm_file_name(8, 14336, device, engine_dtype, block_shape)
-        assert config_file_name(8, 14336, device, dtype) == expected
+        assert vllm.file_name(8, 14336, device, dtype) == expected
 
 
 def test_file_names_match_files_shipped_by_the_engines():
     # vllm/model_executor/layers/fused_moe/configs/ ships this name (no space in the block shape) ...
-    assert (config_file_name(128, 384, "NVIDIA H200", "fp8-block128")
+    assert (vllm.file_name(128, 384, "NVIDIA H200", "fp8-block128")
             == "E=128,N=384,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128,128].json")
     # ... and SGLang's configs/triton_3_4_0/ this one (with the space).
-    assert (config_file_name(32, 768, "NVIDIA H200", "fp8-block128", layout="sglang")
+    assert (sglang.file_name(32, 768, "NVIDIA H200", "fp8-block128")
             == "E=32,N=768,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json")
-    assert config_file_name(8, 14336, "NVIDIA H200", "bf16") == "E=8,N=14336,device_name=NVIDIA_H200.json"
-    assert (config_file_name(8, 14336, "NVIDIA H200", "fp8-tensor")
+    assert vllm.file_name(8, 14336, "NVIDIA H200", "bf16") == "E=8,N=14336,device_name=NVIDIA_H200.json"
+    assert (vllm.file_name(8, 14336, "NVIDIA H200", "fp8-tensor")
             == "E=8,N=14336,device_name=NVIDIA_H200,dtype=fp8_w8a8.json")
 
 
@@ -90,20 +95,24 @@ def test_file_names_match_files_shipped_by_the_engines():
 def test_sglang_file_names_follow_sglang(dtype, engine_dtype, block_shape, per_channel):
     for device in ("NVIDIA H200", "NVIDIA H200 NVL"):
         expected = sglang_file_name(64, 1408, device, engine_dtype, block_shape, per_channel)
-        assert config_file_name(64, 1408, device, dtype, layout="sglang") == expected
+        assert sglang.file_name(64, 1408, device, dtype) == expected
 
 
 def test_vllm_folds_h200_variants_into_one_name():
-    nvl = config_file_name(8, 7168, "NVIDIA H200 NVL", "bf16")
-    assert nvl == config_file_name(8, 7168, "NVIDIA H200", "bf16")
-    assert "NVIDIA_H200_NVL" in config_file_name(8, 7168, "NVIDIA H200 NVL", "bf16", layout="sglang")
+    nvl = vllm.file_name(8, 7168, "NVIDIA H200 NVL", "bf16")
+    assert nvl == vllm.file_name(8, 7168, "NVIDIA H200", "bf16")
+    assert "NVIDIA_H200_NVL" in sglang.file_name(8, 7168, "NVIDIA H200 NVL", "bf16")
 
 
-def test_file_name_rejects_unknown_dtype_and_layout():
+@pytest.mark.parametrize("layout", list(FORMATS))
+def test_file_name_rejects_unknown_dtype(layout):
     with pytest.raises(UserError, match="dtype"):
-        config_file_name(8, 14336, "NVIDIA H200", "int4")
-    with pytest.raises(UserError, match="layout"):
-        config_file_name(8, 14336, "NVIDIA H200", "bf16", layout="trtllm")
+        FORMATS[layout].file_name(8, 14336, "NVIDIA H200", "int4")
+
+
+def test_an_unknown_layout_is_a_user_error_naming_the_known_ones():
+    with pytest.raises(UserError, match="layout 'trtllm'; choose one of: vllm, sglang, moebench"):
+        get_format("trtllm")
 
 
 # ---- the table ---------------------------------------------------------------------------------
@@ -331,7 +340,28 @@ def test_best_configs_across_problems_compares_relative_times():
     assert table[64] == b
 
 
-# ---- writing -----------------------------------------------------------------------------------
+# ---- the files an export writes ----------------------------------------------------------------
+
+META = {"device_name": "NVIDIA H200", "interpreter": False, "torch": "2.11.0+cu130", "triton": "3.6.0"}
+
+
+def table_rows(tables: dict[tuple, ConfigTable]) -> pd.DataFrame:
+    """Rows whose best configs are ``tables``: each table's config at each M timed fastest, another slower."""
+    rows = []
+    for (E, N, dtype, device), table in tables.items():
+        for m, cfg in table.items():
+            slower = tile(256 if cfg.BLOCK_SIZE_M != 256 else 128)
+            over = dict(experts=E, intermediate=N, dtype=dtype, device_name=device)
+            rows += [row(m, cfg, 10.0, **over), row(m, slower, 20.0, **over)]
+    return pd.DataFrame(rows)
+
+
+def export(tables: dict[tuple, ConfigTable], out: Path, layout: str = "vllm", **kw) -> list[Path]:
+    """The table files ``export_run`` writes for rows whose best configs are ``tables`` (the sidecar left out)."""
+    done = export_run(META, table_rows(tables), out, layout=layout, **kw)
+    assert done.files[-1] == out / SIDECAR
+    return list(done.files[:-1])
+
 
 def some_tables() -> dict[tuple, ConfigTable]:
     return {
@@ -340,34 +370,40 @@ def some_tables() -> dict[tuple, ConfigTable]:
     }
 
 
-def test_write_tables_vllm_layout_writes_loadable_files(tmp_path):
+def test_the_rows_pick_the_tables_the_export_tests_write():
+    """The precondition of the tests below: ``table_rows`` picks back exactly the tables it was built from."""
+    assert best_configs(table_rows(some_tables())) == some_tables()
+
+
+def test_vllm_export_writes_loadable_files(tmp_path):
     tables = some_tables()
-    paths = write_tables(tables, tmp_path, tuned_triton="3.6.0")
-    assert sorted(paths) == sorted(tmp_path / config_file_name(E, N, dev, dt) for (E, N, dt, dev) in tables)
+    paths = export(tables, tmp_path)
+    assert sorted(paths) == sorted(tmp_path / vllm.file_name(E, N, dev, dt) for (E, N, dt, dev) in tables)
     for (E, N, dtype, device), table in tables.items():
-        path = tmp_path / config_file_name(E, N, device, dtype)
+        path = tmp_path / vllm.file_name(E, N, device, dtype)
         assert ConfigTable.from_json(path) == table
-        assert json.loads(path.read_text())["triton_version"] == "3.6.0"
+        assert json.loads(path.read_text())["triton_version"] == META["triton"]
         assert engine_lookup(path.read_text(), 3) == table.nearest(3).to_vllm_dict()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)  # no temp files left
+    # no temp files left
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*(p.name for p in paths), SIDECAR])
 
 
-def test_write_tables_sglang_layout_goes_under_configs_and_the_engines_triton(tmp_path):
+def test_sglang_export_goes_under_configs_and_the_engines_triton(tmp_path):
     """SGLang reads $SGLANG_MOE_CONFIG_DIR/configs/triton_<x_y_z>/<name>, and turns every key into an int:
     its files carry no "triton_version" entry."""
     tables = some_tables()
-    paths = write_tables(tables, tmp_path, layout="sglang", tuned_triton="3.6.0", engine_triton="3.8.0")
+    paths = export(tables, tmp_path, layout="sglang", engine_triton="3.8.0")
     for (E, N, dtype, device), table in tables.items():
-        path = tmp_path / "configs" / "triton_3_8_0" / config_file_name(E, N, device, dtype, layout="sglang")
+        path = tmp_path / "configs" / "triton_3_8_0" / sglang.file_name(E, N, device, dtype)
         assert path in paths
         assert ConfigTable.from_json(path) == table
         assert all(key.isdigit() for key in json.loads(path.read_text()))
     assert any("[128, 128]" in p.name for p in paths)
 
 
-def test_write_tables_sglang_default_folder_is_sglang_0_5_23s_triton(tmp_path):
-    [path] = write_tables({TABLE: sample_table()}, tmp_path, layout="sglang")
-    assert SGLANG_TRITON == "3.8.0"  # SGLang 0.5.23 runs Triton 3.8; triton.__version__ prints "3.8.0"
+def test_sglang_default_folder_is_sglang_0_5_23s_triton(tmp_path):
+    [path] = export({TABLE: sample_table()}, tmp_path, layout="sglang")
+    assert sglang.ENGINE_TRITON == "3.8.0"  # SGLang 0.5.23 runs Triton 3.8; triton.__version__ prints "3.8.0"
     assert path.parent == tmp_path / "configs" / "triton_3_8_0"
 
 
@@ -378,31 +414,54 @@ def test_write_tables_sglang_default_folder_is_sglang_0_5_23s_triton(tmp_path):
 ])
 def test_bad_engine_triton_is_a_user_error_before_writing(tmp_path, version):
     with pytest.raises(UserError, match="X.Y.Z"):
-        write_tables({TABLE: sample_table()}, tmp_path / "out", layout="sglang", engine_triton=version)
+        sglang.folder(tmp_path / "out", version)
+    if version:  # the export reads an empty --engine-triton as "not given": the default folder
+        with pytest.raises(UserError, match="X.Y.Z"):
+            export({TABLE: sample_table()}, tmp_path / "out", layout="sglang", engine_triton=version)
     assert not (tmp_path / "out").exists()
 
 
-def test_write_tables_replaces_an_existing_file(tmp_path):
-    [path] = write_tables({TABLE: sample_table()}, tmp_path)
+def test_an_export_replaces_an_existing_file(tmp_path):
+    [path] = export({TABLE: sample_table()}, tmp_path)
     newer = ConfigTable({1: tile(64)})
-    assert write_tables({TABLE: newer}, tmp_path) == [path]
+    assert export({TABLE: newer}, tmp_path) == [path]
     assert ConfigTable.from_json(path) == newer
 
 
-def test_write_tables_refuses_two_tables_for_one_file_before_writing(tmp_path):
+def test_an_export_refuses_two_tables_for_one_file_before_writing(tmp_path):
     # vLLM names fp8-tensor and fp8-channel tables alike: one would silently overwrite the other.
     tables = {
         (8, 14336, "fp8-tensor", "NVIDIA H200"): sample_table(),
         (8, 14336, "fp8-channel", "NVIDIA H200"): sample_table(),
     }
     with pytest.raises(UserError, match="both map to"):
-        write_tables(tables, tmp_path / "out")
+        export(tables, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     # SGLang tells them apart (per_channel_quant), so there both are written
-    assert len(write_tables(tables, tmp_path / "sg", layout="sglang")) == 2
+    assert len(export(tables, tmp_path / "sg", layout="sglang")) == 2
 
 
-def test_write_tables_unknown_layout(tmp_path):
+def test_an_export_in_an_unknown_layout_writes_nothing(tmp_path):
     with pytest.raises(UserError, match="layout"):
-        write_tables(some_tables(), tmp_path, layout="trtllm")
+        export(some_tables(), tmp_path, layout="trtllm")
     assert list(Path(tmp_path).iterdir()) == []
+
+
+# ---- the registry of formats ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", list(FORMATS))
+def test_every_format_defines_what_the_export_reads(layout):
+    """``export_run`` reads these of every format module; a module missing one would fail only when exported."""
+    fmt = FORMATS[layout]
+    for name in ("READER", "PATH", "ENV_VAR", "ENGINE_TRITON", "HINT"):
+        assert hasattr(fmt, name), f"{layout}: no {name}"
+    for name in ("folder", "file_name", "file_text"):
+        assert callable(getattr(fmt, name, None)), f"{layout}: no {name}()"
+    assert fmt.PATH in PATHS, f"{layout}: PATH {fmt.PATH!r} is no path"
+
+
+def test_export_configs_offers_every_format_as_a_layout():
+    from moebench.cli.tune import export_configs
+
+    (layout,) = [p for p in export_configs.params if p.name == "layout"]
+    assert list(layout.type.choices) == list(FORMATS)

@@ -15,9 +15,12 @@ from moebench.cli import main as cli
 from moebench.errors import UserError
 from moebench.store.rows import Row
 from moebench.store.runfolder import RunWriter, load_run
-from moebench.tables.engine import SGLANG_TRITON, ConfigTable, best_configs, config_file_name
 from moebench.tables.export import SIDECAR
-from moebench.tables.own import FORMAT, VERSION, TableMeta, load_table, table_file_name, table_text
+from moebench.tables.formats import moebench as tiles
+from moebench.tables.formats import sglang, vllm
+from moebench.tables.formats.moebench import FORMAT, VERSION, TableMeta, load_table, table_text
+from moebench.tables.pick import best_configs
+from moebench.tables.table import ConfigTable
 from moebench.tile import DEFAULTS, TileConfig
 
 # vLLM's benchmark_moe.py default batch sizes: what a default tune covers
@@ -116,7 +119,7 @@ def sglang_lookup(config_dir: Path, server_triton: str, name: str) -> dict[int, 
     return None
 
 
-NAME = config_file_name(8, 14336, "NVIDIA H200", "bf16")
+NAME = vllm.file_name(8, 14336, "NVIDIA H200", "bf16")
 
 
 def test_vllm_export_takes_the_final_triton_classic_times_at_all_18_M(tune_run, tmp_path, monkeypatch, capsys):
@@ -152,8 +155,8 @@ def test_sglang_export_is_found_by_sglangs_lookup(tune_run, tmp_path, monkeypatc
         args += ["--engine-triton", engine_triton]
     code, stdout, stderr = run_cli(monkeypatch, capsys, *args)
     assert code == 0, stderr
-    name = config_file_name(8, 14336, "NVIDIA H200", "bf16", layout="sglang")
-    folder = f"triton_{(engine_triton or SGLANG_TRITON).replace('.', '_')}"
+    name = sglang.file_name(8, 14336, "NVIDIA H200", "bf16")
+    folder = f"triton_{(engine_triton or sglang.ENGINE_TRITON).replace('.', '_')}"
     assert stdout[0] == str(out / "configs" / folder / name)
     assert stdout[-1] == f"export SGLANG_MOE_CONFIG_DIR={out.resolve()}"
     found = sglang_lookup(out, server_triton, name)
@@ -174,7 +177,7 @@ def test_moebench_layout_round_trips_every_field(tune_run, tmp_path, monkeypatch
     code, stdout, stderr = run_cli(monkeypatch, capsys, "export-configs", str(run), "--out", str(out),
                                    "--layout", "moebench")
     assert code == 0, stderr
-    path = out / table_file_name(8, 14336, "NVIDIA H200", "bf16")
+    path = out / tiles.file_name(8, 14336, "NVIDIA H200", "bf16")
     assert stdout == [str(path), str(out / SIDECAR)]  # no engine reads it: no environment line
     meta, table = load_table(path)
     _, df = load_run(run)
@@ -198,8 +201,8 @@ def test_sidecar_lists_each_file_and_merges_by_file_name(tune_run, tmp_path, mon
         assert run_cli(monkeypatch, capsys, "export-configs", str(run), "--out", str(out), "--layout", layout)[0] == 0
     sidecar = json.loads((out / SIDECAR).read_text())
     files = sidecar["files"]
-    sg = f"configs/triton_3_8_0/{config_file_name(8, 14336, 'NVIDIA H200', 'bf16', layout='sglang')}"
-    own = table_file_name(8, 14336, "NVIDIA H200", "bf16")
+    sg = f"configs/triton_3_8_0/{sglang.file_name(8, 14336, 'NVIDIA H200', 'bf16')}"
+    own = tiles.file_name(8, 14336, "NVIDIA H200", "bf16")
     assert (sidecar["format"], sidecar["version"]) == ("moebench-export", 1)
     assert sorted(files) == sorted([NAME, sg, own])
     assert all((out / name).is_file() for name in files)
@@ -271,7 +274,7 @@ def test_help_names_the_default_engine_triton():
     from click.testing import CliRunner
 
     result = CliRunner().invoke(cli.cli, ["export-configs", "--help"])
-    assert result.exit_code == 0 and SGLANG_TRITON in result.output and "SGLang 0.5.23" in result.output
+    assert result.exit_code == 0 and sglang.ENGINE_TRITON in result.output and "SGLang 0.5.23" in result.output
 
 
 # ---- moebench's table format -------------------------------------------------------------------
@@ -322,7 +325,7 @@ def test_load_table_warns_on_a_newer_version(tmp_path):
 
 
 def test_moebench_file_names_say_what_they_are():
-    name = table_file_name(8, 14336, "NVIDIA H200 NVL", "fp8-channel")
+    name = tiles.file_name(8, 14336, "NVIDIA H200 NVL", "fp8-channel")
     # the documented name: the format first, moebench's dtype name (fp8 schemes apart), the device as recorded
     assert name == "moebench-tiles_E=8,N=14336,device_name=NVIDIA_H200_NVL,dtype=fp8-channel.json"
-    assert name != table_file_name(8, 14336, "NVIDIA H200 NVL", "fp8-tensor")
+    assert name != tiles.file_name(8, 14336, "NVIDIA H200 NVL", "fp8-tensor")

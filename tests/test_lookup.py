@@ -14,8 +14,8 @@ from moebench.paths.base import Target
 from moebench.paths.registry import get_path
 from moebench.store.runfolder import load_run
 from moebench.tables import lookup
-from moebench.tables.engine import ConfigTable
-from moebench.tables.own import TableMeta, table_file_name, write_table
+from moebench.tables.formats.moebench import TableMeta, file_name, table_text
+from moebench.tables.table import ConfigTable
 from moebench.tile import TileConfig
 
 TINY = get_model("tiny")  # E=8, I=64
@@ -28,7 +28,7 @@ def write(folder, dtype="fp32", device="NVIDIA H200", experts=8, n=64) -> None:
     meta = TableMeta(device_name=device, dtype=dtype, shape={"experts": experts, "intermediate": n, "hidden": 128,
                                                              "topk": 2})
     folder.mkdir(parents=True, exist_ok=True)
-    write_table(folder / table_file_name(experts, n, device, dtype), meta, ConfigTable({4: AT_4, 64: AT_64}))
+    (folder / file_name(experts, n, device, dtype)).write_text(table_text(meta, ConfigTable({4: AT_4, 64: AT_64})))
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,7 @@ def test_the_order_is_configs_then_env_then_shipped_then_heuristic(tmp_path, mon
     assert choose(4, tmp_path / "elsewhere").source == "env"  # a folder without the file falls through
     monkeypatch.delenv(lookup.ENV_VAR)
     assert choose(4).source == "shipped"
-    (tmp_path / "shipped" / table_file_name(8, 64, "NVIDIA H200", "fp32")).unlink()
+    (tmp_path / "shipped" / file_name(8, 64, "NVIDIA H200", "fp32")).unlink()
     assert choose(4) == lookup.Chosen(HEURISTIC, "heuristic")
 
 

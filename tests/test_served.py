@@ -17,7 +17,7 @@ from moebench.cli.main import cli
 from moebench.dtypes import get_dtype
 from moebench.errors import UserError
 from moebench.models import get_model, model_names
-from moebench.tables.own import table_file_name
+from moebench.tables.formats.moebench import file_name
 from moebench.tune.served import OPTIONS, SERVED, select
 from moebench.tune.strategies import fast
 
@@ -35,7 +35,7 @@ def test_every_entry_is_a_preset_dtype_and_tp_the_kernel_runs():
 def test_every_preset_but_the_made_up_one_is_served_and_each_table_is_written_once():
     served = {e.model for e in SERVED}
     assert served == set(model_names()) - {"tiny"}
-    names = [table_file_name(e.shape.experts, e.shape.intermediate, "NVIDIA H200", e.dtype) for e in SERVED]
+    names = [file_name(e.shape.experts, e.shape.intermediate, "NVIDIA H200", e.dtype) for e in SERVED]
     assert len(names) == len(set(names))
     assert all(any(e.model == m and e.dtype == "bf16" for e in SERVED) for m in served if not m.startswith(
         ("deepseek", "kimi"))), "a model whose bf16 checkpoint fits on H200s lacks its bf16 entry"

@@ -26,8 +26,8 @@ from moebench.problem import Problem
 from moebench.serve.triton_cache import CACHE_ENV, kernel_entries
 from moebench.serve.warmup import launch_key, plan_for_model, plan_for_table, warm
 from moebench.tables import lookup
-from moebench.tables.engine import ConfigTable
-from moebench.tables.own import TableMeta, table_file_name, write_table
+from moebench.tables.formats.moebench import TableMeta, file_name, table_text
+from moebench.tables.table import ConfigTable
 from moebench.tile import TileConfig
 from moebench.workers import precompile
 
@@ -43,8 +43,8 @@ def write(folder: Path, configs: dict, dtype: str = "fp32", hidden=128, topk=2) 
     meta = TableMeta(device_name=device_name(), dtype=dtype,
                      shape={"experts": 8, "intermediate": 64, "hidden": hidden, "topk": topk})
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / table_file_name(8, 64, device_name(), dtype)
-    write_table(path, meta, ConfigTable(configs))
+    path = folder / file_name(8, 64, device_name(), dtype)
+    path.write_text(table_text(meta, ConfigTable(configs)))
     return path
 
 
@@ -326,7 +326,7 @@ def test_a_table_for_another_device_is_warmed_with_a_note(tmp_path):
     other = tmp_path / "other.json"
     meta = TableMeta(device_name="NVIDIA B200", dtype="fp32",
                      shape={"experts": 8, "intermediate": 64, "hidden": 128, "topk": 2})
-    write_table(other, meta, ConfigTable({1: A}))
+    other.write_text(table_text(meta, ConfigTable({1: A})))
     assert plan_for_table(path).notes == ()
     (note,) = plan_for_table(other).notes
     assert "NVIDIA B200" in note and device_name() in note

@@ -10,6 +10,7 @@ import click
 from moebench.cli.console import FORMATS, emit, load_run_warned, note, out_console, progress_bar
 from moebench.cli.shape import one_shape, shape_options, token_counts
 from moebench.errors import UserError
+from moebench.tables.formats import FORMATS as LAYOUTS
 
 
 def _options(pairs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
@@ -160,7 +161,7 @@ def _num(v, fmt: str = "{:.1f}") -> str:
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("--out", "out_dir", default=Path("configs"), show_default=True, type=click.Path(path_type=Path),
               help="Folder to write into, with moebench-export.json (provenance of each file).")
-@click.option("--layout", default="vllm", show_default=True, type=click.Choice(["vllm", "sglang", "moebench"]),
+@click.option("--layout", default="vllm", show_default=True, type=click.Choice(list(LAYOUTS)),
               help="vllm: OUT/<name>.json; sglang: OUT/configs/triton_<x_y_z>/<name>.json (both from "
                    "triton-classic rows); moebench: OUT/moebench-tiles_<...>.json, moebench's kernel, every field.")
 @click.option("--engine-triton", default=None, metavar="X.Y.Z",

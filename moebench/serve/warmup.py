@@ -149,7 +149,8 @@ def plan_for_table(table_path: Path | str, max_tokens: int = MAX_TOKENS) -> Warm
     a one-line UserError (``load_table``'s)."""
     from moebench.dtypes import get_dtype
     from moebench.environment import device_name
-    from moebench.tables.own import KERNEL, load_table
+    from moebench.tables.formats.moebench import PATH as KERNEL
+    from moebench.tables.formats.moebench import load_table
 
     _check_max_tokens(max_tokens)
     path = Path(table_path)

@@ -1,7 +1,7 @@
 """Which tile config moebench's kernel (the triton path) runs at M tokens: a tuned table where one is found,
 else the built-in heuristic (``tile.default_config``).
 
-Tables are moebench's own files (``moebench.tables.own``: every tile field, with provenance), one per
+Tables are moebench's own files (``moebench.tables.formats.moebench``: every tile field, with provenance), one per
 (experts, per-GPU intermediate size N, device, dtype), looked for in order in:
 
 1. ``--configs DIR`` (``configs_dir``),
@@ -20,8 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from moebench.errors import UserError
-from moebench.tables.engine import ConfigTable
-from moebench.tables.own import load_table, table_file_name
+from moebench.tables.formats.moebench import file_name, load_table
+from moebench.tables.table import ConfigTable
 from moebench.tile import TileConfig
 
 ENV_VAR = "MOEBENCH_CONFIGS"
@@ -77,7 +77,7 @@ def _load(path: Path, mtime_ns: int) -> ConfigTable:
 def find_table(experts: int, n: int, device_name: str, dtype: str,
                configs_dir: Path | str | None = None) -> tuple[str, Path, ConfigTable] | None:
     """(source, file, table) of the first table for this kernel shape, device and dtype, or None."""
-    name = table_file_name(experts, n, device_name, dtype)
+    name = file_name(experts, n, device_name, dtype)
     for source, folder in table_dirs(configs_dir):
         path = folder / name
         if path.is_file():

@@ -92,7 +92,7 @@ def tune_tables(entries: list[Served], out_base: Path, into: Path, ms: tuple[int
     ``into``. A UserError of one entry (a shape this GPU cannot run) is its ``error``; the rest go on."""
     from moebench.store.runfolder import load_run
     from moebench.tables.export import export_run
-    from moebench.tables.own import FORMAT
+    from moebench.tables.formats.moebench import FORMAT
     from moebench.tune.run import TuneRequest, tune
 
     done = []

@@ -8,32 +8,42 @@ The engines' files hold six fields and nothing about where they came from; these
      "shape": {"experts", "intermediate", "hidden", "topk"}, "dtype",
      "configs": {"<M>": {every TileConfig field}}}
 
-One file per (experts, intermediate, dtype, device), named by ``table_file_name``:
+One file per (experts, intermediate, dtype, device), named by ``file_name``:
 ``moebench-tiles_E=8,N=14336,device_name=NVIDIA_H200,dtype=bf16.json``. The prefix says what the file is
 and keeps it apart from any name an engine looks up; the dtype is moebench's name (fp8 schemes apart).
 ``hidden`` and ``topk`` are lists where one table was picked across several shapes with the same E and N.
-``load_table`` refuses another format or a version it cannot read, and warns on a newer version.
+``load_table`` refuses another format or a version it cannot read, and warns on a newer version. The reader is
+``moebench.tables.lookup``: ``--configs DIR``, then ``$MOEBENCH_CONFIGS``, then the shipped tables.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from moebench.dtypes import get_dtype
 from moebench.errors import UserError
-from moebench.store.atomic import write_text_atomic
-from moebench.tables.engine import ConfigTable, entries_from_json
+from moebench.tables.table import ConfigTable, Provenance, entries_from_json
 
+READER = "moebench"  # who reads these files, for messages
+PATH = "triton"  # the path whose rows pick the configs (the header's "kernel")
+ENV_VAR = None  # the export prints no line: the lookup is pointed at a folder by --configs or $MOEBENCH_CONFIGS
+ENGINE_TRITON = None  # the folder does not depend on a serving engine's Triton
+HINT = "tune with `moebench tune --path triton`"
 FORMAT = "moebench-tiles"
 VERSION = 1
-KERNEL = "triton"  # the path whose timings these tables hold
 _SHAPE_KEYS = ("experts", "intermediate", "hidden", "topk")
 
 
-def table_file_name(experts: int, n: int, device_name: str, dtype: str) -> str:
+def folder(out_dir: Path, engine_triton: str | None) -> Path:
+    """Where under the export's folder the files go: the folder itself."""
+    return Path(out_dir)
+
+
+def file_name(experts: int, n: int, device_name: str, dtype: str) -> str:
     """The file name of moebench's table for E experts, per-GPU intermediate size N, a device and a dtype."""
+    from moebench.dtypes import get_dtype  # loads torch: not at import, so `--help` stays light
+
     get_dtype(dtype)  # an unknown dtype is a UserError here, not a file of a name nothing reads
     return f"{FORMAT}_E={experts},N={n},device_name={device_name.replace(' ', '_')},dtype={dtype}.json"
 
@@ -50,7 +60,7 @@ class TableMeta:
     created: str | None = None  # UTC, ISO 8601
     commit: str | None = None
     source_run: str | None = None
-    kernel: str = KERNEL
+    kernel: str = PATH
     version: int = VERSION
     warning: str | None = None
 
@@ -58,6 +68,13 @@ class TableMeta:
         missing = [k for k in _SHAPE_KEYS if k not in self.shape]
         if missing:
             raise UserError(f"moebench table: shape lacks {missing[0]!r}")
+
+
+def file_text(key: tuple, table: ConfigTable, shape: dict, made: Provenance) -> str:
+    """The file's text for the table of ``key`` (experts, intermediate, dtype, device_name): the header (``shape``
+    and ``made``), then the configs."""
+    _, _, dtype, device = key
+    return table_text(TableMeta(device_name=device, dtype=dtype, shape=shape, **asdict(made)), table)
 
 
 def table_text(meta: TableMeta, table: ConfigTable) -> str:
@@ -70,11 +87,6 @@ def table_text(meta: TableMeta, table: ConfigTable) -> str:
         "configs": {str(m): cfg.as_dict() for m, cfg in table.items()},
     }
     return json.dumps(payload, indent=2) + "\n"
-
-
-def write_table(path: Path, meta: TableMeta, table: ConfigTable) -> None:
-    """Write one table (temporary file, then rename)."""
-    write_text_atomic(Path(path), table_text(meta, table))
 
 
 def load_table(path: Path | str) -> tuple[TableMeta, ConfigTable]:
@@ -105,7 +117,7 @@ def load_table(path: Path | str) -> tuple[TableMeta, ConfigTable]:
             device_name=str(raw.get("device_name", "")), dtype=str(raw.get("dtype", "")), shape=shape,
             triton_version=raw.get("triton_version"), torch_version=raw.get("torch_version"),
             created=raw.get("created"), commit=raw.get("commit"), source_run=raw.get("source_run"),
-            kernel=str(raw.get("kernel", KERNEL)), version=version, warning=warning,
+            kernel=str(raw.get("kernel", PATH)), version=version, warning=warning,
         )
     except UserError as e:
         raise UserError(f"{name}: {e}") from None

@@ -1,0 +1,132 @@
+"""``ConfigTable``: tile configs keyed by token count M, read at the key nearest M, in the engines' JSON.
+
+vLLM and SGLang hold one such table per file: ``{"<M>": {six tile keys}}``, written as
+``json.dump(configs, f, indent=4)`` plus a newline, keys in ascending M, each value with vLLM's six keys in its
+order; both read a file by turning its keys into ints and picking ``configs[min(configs, key=lambda x: abs(x - M))]``.
+``ConfigTable`` follows that rule (``nearest``) for every reader, moebench's lookup included, and writes and reads
+that text (``to_json``, ``from_json``). ``ENGINE_PATH`` names the path whose timings pick the engines' configs;
+``Provenance`` is what an export records of where a table came from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from moebench.errors import UserError
+from moebench.tile import TileConfig
+
+ENGINE_PATH = "triton-classic"  # the path that runs the engines' kernel form, whose timings pick their configs
+
+
+class ConfigTable(Mapping[int, TileConfig]):
+    """Tile configs keyed by token count M, as in a vLLM/SGLang config file; keys kept in ascending order."""
+
+    def __init__(self, entries: Mapping[int, TileConfig] | None = None) -> None:
+        entries = dict(entries or {})
+        for m, cfg in entries.items():
+            if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+                raise ValueError(f"config table key {m!r} must be a token count (int >= 1)")
+            if not isinstance(cfg, TileConfig):
+                raise TypeError(f"config table value for M={m} is a {type(cfg).__name__}, not a TileConfig")
+        self._entries = {m: entries[m] for m in sorted(entries)}
+
+    def __getitem__(self, m: int) -> TileConfig:
+        return self._entries[m]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"ConfigTable({self._entries!r})"
+
+    def nearest(self, m: int) -> TileConfig:
+        """The config the engines use for M tokens: the key minimizing |key - M|.
+
+        Ties go to the first such key in file order (Python's ``min``); files
+        written by ``to_json`` (and vLLM's own) list M ascending, so the smaller key wins.
+        """
+        return self._entries[self.nearest_key(m)]
+
+    def nearest_key(self, m: int) -> int:
+        """The key ``nearest`` reads for M tokens."""
+        if not self._entries:
+            raise UserError("config table is empty: no tile config for any M")
+        return min(self._entries, key=lambda k: abs(k - m))
+
+    def to_json(self, triton_version: str | None = None) -> str:
+        """The file's text: keys as strings in ascending M, vLLM's six keys in its order, indent 4; with
+        ``triton_version``, a last top-level entry naming the Triton the table was tuned with (as vLLM's tuner
+        writes it; vLLM drops it when reading, SGLang does not)."""
+        payload: dict = {str(m): cfg.to_vllm_dict() for m, cfg in self._entries.items()}
+        if triton_version is not None:
+            payload["triton_version"] = triton_version
+        return json.dumps(payload, indent=4) + "\n"
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> ConfigTable:
+        """Read a vLLM/SGLang config file (a Path, or a str holding a path or the JSON text itself).
+
+        A ``"triton_version"`` entry is ignored, as vLLM does. Bad JSON, keys that
+        are not token counts, or configs with unknown or missing keys are a
+        UserError naming the file.
+        """
+        if isinstance(source, Path) or not source.lstrip().startswith("{"):
+            name = str(source)
+            try:
+                text = Path(source).read_text()
+            except OSError as e:
+                raise UserError(f"{name}: cannot read config file ({e.strerror or e})") from None
+        else:
+            name, text = "<config JSON>", source
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{name}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        if not isinstance(raw, dict):
+            raise UserError(f"{name}: expected a JSON object keyed by token count M")
+        raw.pop("triton_version", None)
+        return cls(entries_from_json(raw, name))
+
+
+def entries_from_json(raw: Mapping, name: str) -> dict[int, TileConfig]:
+    """``{"<M>": {tile fields}}`` as {M: TileConfig}; a key that is no token count or a bad config is a UserError
+    naming ``name``, as is an empty mapping."""
+    entries: dict[int, TileConfig] = {}
+    for key, value in raw.items():
+        try:
+            m = int(key)
+        except ValueError:
+            raise UserError(f"{name}: key {key!r} is not a token count M") from None
+        if m < 1:
+            raise UserError(f"{name}: key {key!r} must be a token count >= 1")
+        if not isinstance(value, dict):
+            raise UserError(f"{name}: M={key}: expected an object of tile parameters")
+        try:
+            entries[m] = TileConfig.from_dict(value)
+        except UserError as e:
+            raise UserError(f"{name}: M={key}: {e}") from None
+        except TypeError as e:  # a required key is missing
+            raise UserError(f"{name}: M={key}: {e}") from None
+        except ValueError:
+            raise UserError(f"{name}: M={key}: tile parameters must be integers") from None
+    if not entries:
+        raise UserError(f"{name}: no tile configs in the file")
+    return entries
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where an exported table's configs come from, as its file or the export's sidecar records it: the run's
+    Triton and torch versions, when the export ran (UTC, ISO 8601), the run's commit and its folder."""
+
+    triton_version: str | None = None
+    torch_version: str | None = None
+    created: str | None = None
+    commit: str | None = None
+    source_run: str | None = None
