@@ -18,7 +18,7 @@ from moebench._interpret import interpreting
 from moebench.cli.trace import trace as trace_command
 from moebench.errors import UserError
 from moebench.models import get_model
-from moebench.serve import trace, triton_cache
+from moebench.serve import streams, trace, triton_cache
 from moebench.serve.jit_watch import (
     CompileWatch,
     declared_do_not_specialize,
@@ -32,41 +32,41 @@ from moebench.tile import TileConfig
 # ---- request streams ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", trace.DISTRIBUTIONS)
+@pytest.mark.parametrize("kind", streams.DISTRIBUTIONS)
 def test_counts_are_deterministic_for_a_seed(kind):
-    assert trace.token_counts(kind, 200, seed=3) == trace.token_counts(kind, 200, seed=3)
-    assert trace.token_counts(kind, 200, seed=3) != trace.token_counts(kind, 200, seed=4)
+    assert streams.token_counts(kind, 200, seed=3) == streams.token_counts(kind, 200, seed=3)
+    assert streams.token_counts(kind, 200, seed=3) != streams.token_counts(kind, 200, seed=4)
 
 
-@pytest.mark.parametrize("kind", trace.DISTRIBUTIONS)
+@pytest.mark.parametrize("kind", streams.DISTRIBUTIONS)
 def test_counts_are_clipped_to_the_bounds(kind):
-    counts = trace.token_counts(kind, 5000, seed=0, max_tokens=100)  # far below the lognormal's tail
+    counts = streams.token_counts(kind, 5000, seed=0, max_tokens=100)  # far below the lognormal's tail
     assert all(isinstance(m, int) and 1 <= m <= 100 for m in counts)
     assert max(counts) == 100, "draws above max_tokens end at max_tokens"
 
 
 def test_lognormal_median_is_the_declared_one():
-    counts = trace.token_counts("lognormal", 20000, seed=1)
-    assert abs(np.median(counts) - trace.LOGNORMAL_MEDIAN) <= 0.05 * trace.LOGNORMAL_MEDIAN
+    counts = streams.token_counts("lognormal", 20000, seed=1)
+    assert abs(np.median(counts) - streams.LOGNORMAL_MEDIAN) <= 0.05 * streams.LOGNORMAL_MEDIAN
 
 
 def test_uniform_spans_the_range():
-    counts = trace.token_counts("uniform", 20000, seed=1, max_tokens=50)
+    counts = streams.token_counts("uniform", 20000, seed=1, max_tokens=50)
     assert set(counts) == set(range(1, 51))
 
 
 def test_decode_mix_share_of_decode_batches():
     """The share of counts up to DECODE_MAX is the decode share plus the prompts that small (lognormal CDF)."""
-    counts = trace.token_counts("decode-mix", 20000, seed=2)
-    z = (math.log(trace.DECODE_MAX + 0.5) - math.log(trace.LOGNORMAL_MEDIAN)) / trace.LOGNORMAL_SIGMA
+    counts = streams.token_counts("decode-mix", 20000, seed=2)
+    z = (math.log(streams.DECODE_MAX + 0.5) - math.log(streams.LOGNORMAL_MEDIAN)) / streams.LOGNORMAL_SIGMA
     small_prompts = 0.5 * (1 + math.erf(z / math.sqrt(2)))
-    expected = trace.DECODE_SHARE + (1 - trace.DECODE_SHARE) * small_prompts
-    assert abs(np.mean(np.array(counts) <= trace.DECODE_MAX) - expected) < 0.015
+    expected = streams.DECODE_SHARE + (1 - streams.DECODE_SHARE) * small_prompts
+    assert abs(np.mean(np.array(counts) <= streams.DECODE_MAX) - expected) < 0.015
 
 
 def test_unknown_distribution_is_a_user_error():
     with pytest.raises(UserError, match="decode-mix"):
-        trace.token_counts("zipf", 10)
+        streams.token_counts("zipf", 10)
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -77,7 +77,7 @@ def test_unknown_distribution_is_a_user_error():
 def test_csv_column_choice(tmp_path, text, expected):
     path = tmp_path / "lens.csv"
     path.write_text(text)
-    assert trace.read_prompt_lengths(path) == expected
+    assert streams.read_prompt_lengths(path) == expected
 
 
 @pytest.mark.parametrize("text, message", [
@@ -92,7 +92,7 @@ def test_bad_csv_is_one_line_user_error(tmp_path, text, message):
     if text is not None:
         path.write_text(text)
     with pytest.raises(UserError, match=message) as e:
-        trace.read_prompt_lengths(path)
+        streams.read_prompt_lengths(path)
     assert "\n" not in str(e.value)
 
 

@@ -20,12 +20,12 @@ INTERPRETER_MAX_WEIGHTS = 1 << 22  # weight elements (3 * E * hidden * I) the in
 
 def _counts(dist, csv_file, requests, seed, max_tokens, interpreter) -> tuple[list[int], str]:
     """The requests' token counts and how meta.json names where they came from."""
-    from moebench.serve import trace
+    from moebench.serve import streams
 
     if csv_file is None:
         n = requests or (INTERPRETER_REQUESTS if interpreter else DEFAULT_REQUESTS)
-        return trace.token_counts(dist, n, seed, max_tokens), trace.distribution_label(dist, max_tokens)
-    lengths = trace.read_prompt_lengths(csv_file)
+        return streams.token_counts(dist, n, seed, max_tokens), streams.distribution_label(dist, max_tokens)
+    lengths = streams.read_prompt_lengths(csv_file)
     n = requests or (INTERPRETER_REQUESTS if interpreter else len(lengths))
     return [min(m, max_tokens) for m in lengths[:n]], f"csv:{csv_file} (clipped to 1..{max_tokens})"
 
@@ -106,6 +106,7 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
 
     from moebench._interpret import interpreting
     from moebench.report import tables as report
+    from moebench.serve import streams
     from moebench.serve import trace as tr
     from moebench.store.resume import stop_on_sigterm
     from moebench.store.runfolder import ensure_out_dir
@@ -122,7 +123,7 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     if interpreter and weights > INTERPRETER_MAX_WEIGHTS:
         raise UserError(f"without a GPU the interpreter replays tiny shapes only: {shape.name} has {weights:,} "
                         f"weight elements, more than {INTERPRETER_MAX_WEIGHTS:,}; try --model tiny")
-    max_tokens = max_tokens or (INTERPRETER_MAX_TOKENS if interpreter else tr.MAX_TOKENS)
+    max_tokens = max_tokens or (INTERPRETER_MAX_TOKENS if interpreter else streams.MAX_TOKENS)
     counts, distribution = _counts(dist, csv_file, requests, seed, max_tokens, interpreter)
     check_dir(configs_dir)
     request = tr.TraceRequest(shape, dtype or ("fp16" if interpreter else "bf16"), tuple(counts), distribution,

@@ -1,5 +1,5 @@
 """The request streams ``moebench trace`` replays: token counts drawn from a distribution, or read from a CSV of
-prompt lengths, and how a run's meta.json names them. ``moebench.serve.trace`` re-exports all of it."""
+prompt lengths, and how a run's meta.json names them."""
 
 from __future__ import annotations
 

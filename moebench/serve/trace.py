@@ -35,18 +35,6 @@ import pandas as pd
 
 from moebench.errors import UserError, one_line
 from moebench.models import MoEShape
-from moebench.serve.streams import (  # noqa: F401  (re-exported: the request streams were defined here)
-    DECODE_MAX,
-    DECODE_SHARE,
-    DISTRIBUTIONS,
-    LOGNORMAL_MEDIAN,
-    LOGNORMAL_SIGMA,
-    MAX_TOKENS,
-    PROMPT_COLUMNS,
-    distribution_label,
-    read_prompt_lengths,
-    token_counts,
-)
 from moebench.tile import TileConfig
 
 STARTUP_KEYS = ("startup_s", "startup_kernels", "startup_from_disk", "startup_runs", "startup_failures")
