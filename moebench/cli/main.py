@@ -126,7 +126,7 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     from moebench.bench.sweep import run_sweep, validate
     from moebench.paths.base import Target
     from moebench.store.runfolder import ensure_out_dir, load_run, stop_on_sigterm
-    from moebench.workers.precompile import default_jobs
+    from moebench.workers.pools import default_jobs
 
     interpreter = interpreting()
     sweep_spec = from_options(
