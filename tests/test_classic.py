@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import declared_do_not_specialize, garbage_from_empty
+from point_checks import check_point
 
 from moebench._interpret import interpreting
-from moebench.bench.sweep import check_point
 from moebench.errors import UserError
 from moebench.kernels import classic
 from moebench.kernels.act_quant import quantize_act

@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 import torch
 from helpers import garbage_from_empty
+from point_checks import check_point
 
 from moebench._interpret import interpreting
-from moebench.bench.sweep import check_point
 from moebench.dtypes import DTYPES
 from moebench.errors import UserError
 from moebench.kernels.act_quant import quantize_act

@@ -1,5 +1,5 @@
-"""Compiling a tuned point's candidates in worker processes: each runs, failures come back as one line, and
-on a GPU the sweep's process then compiles none of them again."""
+"""Compiling a tuned point's candidates in worker processes (first runs): each runs, failures come back as one
+line, a worker lost costs only its own run, and on a GPU the sweep's process then compiles none of them again."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import tune_faulty_jobs as faulty
 
 from moebench._interpret import interpreting
 from moebench.models import get_model
@@ -15,7 +16,8 @@ from moebench.paths.registry import get_path
 from moebench.problem import Problem, make_inputs
 from moebench.tile import TileConfig
 from moebench.tune.handpicked import candidates
-from moebench.workers.precompile import WORKER_OVERHEAD_BYTES, Precompiler, workers_for
+from moebench.workers import jobs, precompile
+from moebench.workers.precompile import Precompiler
 
 TINY = get_model("tiny")
 
@@ -44,18 +46,29 @@ def test_a_new_shape_gets_a_new_pool():
         assert workers._pool is not first and workers.workers == 1
 
 
-@pytest.mark.parametrize("jobs, weight_gb, free_gb, expected", [
-    (12, 1.4, 139, 12),  # DeepSeek-V3@tp8 fp8-block128 on an H200: all twelve fit
-    (12, 4.8, 60, 5),  # 30 GB for workers of 5.8 GB each
-    (12, 10, 10, 0),  # not one fits in half of what is free: compile in the sweep's process
-    (3, 100, None, 3),  # free memory unknown (the interpreter): as asked
-])
-def test_workers_fit_in_half_the_free_gpu_memory(jobs, weight_gb, free_gb, expected):
-    gb = 1 << 30
-    free = None if free_gb is None else int(free_gb * gb)
-    assert workers_for(jobs, int(weight_gb * gb), free) == expected
-    if expected:
-        assert expected * (int(weight_gb * gb) + WORKER_OVERHEAD_BYTES) <= (free or float("inf")) / 2
+def test_a_worker_that_dies_costs_its_own_run_only(monkeypatch):
+    """Stand-in first runs (tests/tune_faulty_jobs.py): the run whose worker process exits is that run's
+    error line; the runs after it go on in a fresh worker, and the precompiler is not stopped."""
+    monkeypatch.setattr(precompile, "FIRST_RUN", "tune_faulty_jobs:first_run")
+    problem = Problem(TINY, 1, "fp16")
+    configs = [TileConfig(16, 16, 64), TileConfig(faulty.CRASH_M, 16, 64), TileConfig(32, 16, 64)]
+    with Precompiler(1) as workers:
+        results = workers.compile("triton", problem, configs)
+        assert workers.broken is None
+    assert results[0] is None and results[2] is None
+    assert results[1].startswith("worker process died") and "exit code 3" in results[1]
+
+
+def test_a_first_run_types_its_failure_as_the_tuner_records_it():
+    """In this process: a config the path refuses is an "error" with its one line; a good one ran."""
+    problem = Problem(TINY, 1, "fp16")
+    good = candidates(problem)[0]
+    try:
+        assert jobs.first_run("triton", problem, good) == jobs.RAN
+        *_, failure, error = jobs.first_run("triton", problem, replace(good, gemm1_quant_x=True, direct_route=True))
+    finally:
+        jobs.release()
+    assert failure == "error" and error.startswith("UserError: ") and "gemm1_quant_x" in error
 
 
 def test_a_precompiler_needs_a_worker():

@@ -369,9 +369,9 @@ def test_warmup_startup_runs_the_plan_before_the_first_request(tmp_path, monkeyp
     (M, config) come first, once each, then the requests; their figures are in meta.json, not in the rows."""
     from moebench.paths.triton_path import TritonPath
     from moebench.serve.warmup import plan_for_model
-    from moebench.workers import precompile
+    from moebench.workers import jobs
 
-    monkeypatch.setattr(precompile, "run_candidate", lambda path_name, problem, config: None)  # warm: no calls
+    monkeypatch.setattr(jobs, "first_run", lambda path_name, problem, config: jobs.RAN)  # warm: no calls
     prepared, real = [], TritonPath.prepare
 
     def recorded(self, inputs, problem, config):

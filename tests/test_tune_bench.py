@@ -23,7 +23,7 @@ from moebench.tune.costmodel import estimate_us
 from moebench.tune.prune import Facts
 from moebench.tune.space import get_space
 from moebench.tune.strategies import fast
-from moebench.workers.local import Outcome
+from moebench.workers.task import Outcome
 
 MS = (1, 16, 256)
 

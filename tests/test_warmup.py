@@ -29,7 +29,7 @@ from moebench.tables import lookup
 from moebench.tables.formats.moebench import TableMeta, file_name, table_text
 from moebench.tables.table import ConfigTable
 from moebench.tile import TileConfig
-from moebench.workers import precompile
+from moebench.workers import jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = get_model("tiny")  # E=8, hidden 128, I=64, topk 2
@@ -185,13 +185,13 @@ def test_in_process_each_config_runs_once(tmp_path, monkeypatch):
     holds after (this process may hold some variants in memory already, so not a fixed number)."""
     plan = plan_for_table(write(tmp_path, {1: A, 16: B, 100: C}), max_tokens=100)
     assert plan.items == ((1, A), (9, B), (59, C), (65, C))  # past 128 slots the align step's kernel changes
-    ran, real = [], precompile.run_candidate
+    ran, real = [], jobs.first_run
 
     def recorded(path_name, problem, config):
         ran.append((problem.M, config))
         return real(path_name, problem, config)
 
-    monkeypatch.setattr(precompile, "run_candidate", recorded)
+    monkeypatch.setattr(jobs, "first_run", recorded)
     cache = tmp_path / "cache"
     report = warm(plan, jobs=0, cache_dir=cache)
     assert sorted(ran, key=lambda p: p[0]) == list(plan.items)
@@ -217,8 +217,8 @@ def test_workers_run_each_config_and_list_the_one_that_cannot_run(tmp_path):
 
 def test_a_failing_worker_is_listed_not_raised(tmp_path, monkeypatch):
     plan = plan_for_table(write(tmp_path, {1: A, 16: B}), max_tokens=16)
-    monkeypatch.setattr(precompile, "run_candidate",
-                        lambda path_name, problem, config: "RuntimeError: boom" if problem.M == 9 else None)
+    boom = (None,) * 5 + ("error", "RuntimeError: boom")
+    monkeypatch.setattr(jobs, "first_run", lambda path_name, problem, config: boom if problem.M == 9 else jobs.RAN)
     report = warm(plan, jobs=0)
     assert report.failures == (f"{plan.name} M=9 {B.label}: RuntimeError: boom",)
 
@@ -255,8 +255,9 @@ def test_warm_counts_the_kernels_its_runs_add_to_the_cache_folder_it_names(tmp_p
     def compiles(path_name, problem, config):
         for name in ("_gemm1_swiglu", "_gemm2_combine"):
             _kernel(Path(os.environ[CACHE_ENV]), name)
+        return jobs.RAN
 
-    monkeypatch.setattr(precompile, "run_candidate", compiles)
+    monkeypatch.setattr(jobs, "first_run", compiles)
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "elsewhere"))
     report = warm(plan, jobs=0, cache_dir=cache)
     assert report.kernels == 2 * 3 and len(kernel_entries(cache)) == 2 * 3 + 1

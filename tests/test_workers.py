@@ -14,8 +14,10 @@ import pytest
 import workers_tasks
 
 from moebench.errors import UserError
-from moebench.workers import local as workers
-from moebench.workers.local import LocalPool, Task, make_pool
+from moebench.workers import pools
+from moebench.workers.local import LocalPool
+from moebench.workers.pools import WORKER_OVERHEAD_BYTES, make_pool, workers_for
+from moebench.workers.task import Task
 
 TESTS = Path(__file__).resolve().parent
 
@@ -143,23 +145,37 @@ def test_make_pool_checks_its_flags(monkeypatch):
         make_pool(gpus=0)
     with pytest.raises(UserError, match="choose one"):
         make_pool(gpus=2, ray_address="local")
-    monkeypatch.setattr(workers, "local_gpus", lambda: 2)
+    monkeypatch.setattr(pools, "local_gpus", lambda: 2)
     with pytest.raises(UserError, match="this machine has 2 CUDA GPUs"):
         make_pool(gpus=3)
-    monkeypatch.setattr(workers, "local_gpus", lambda: 0)
+    monkeypatch.setattr(pools, "local_gpus", lambda: 0)
     with pytest.raises(UserError, match="no CUDA GPU"):
         make_pool(gpus=2)
 
 
 def test_make_pool_defaults_to_one_worker_per_local_gpu(monkeypatch):
-    monkeypatch.setattr(workers, "local_gpus", lambda: 0)
+    monkeypatch.setattr(pools, "local_gpus", lambda: 0)
     with make_pool() as pool:
         assert pool.workers == 1  # a CPU-only machine
-    monkeypatch.setattr(workers, "local_gpus", lambda: 2)
+    monkeypatch.setattr(pools, "local_gpus", lambda: 2)
     with make_pool() as pool:
         assert pool.workers == 2
         got = by_key(pool.run(task("getenv", "CUDA_VISIBLE_DEVICES", key=k) for k in range(2)))
         assert {o.value for o in got.values()} <= {"0", "1"}
+
+
+@pytest.mark.parametrize("jobs, weight_gb, free_gb, expected", [
+    (12, 1.4, 139, 12),  # DeepSeek-V3@tp8 fp8-block128 on an H200: all twelve fit
+    (12, 4.8, 60, 5),  # 30 GB for workers of 5.8 GB each
+    (12, 10, 10, 0),  # not one fits in half of what is free: compile in the caller's process
+    (3, 100, None, 3),  # free memory unknown (the interpreter): as asked
+])
+def test_compile_workers_fit_in_half_the_free_gpu_memory(jobs, weight_gb, free_gb, expected):
+    gb = 1 << 30
+    free = None if free_gb is None else int(free_gb * gb)
+    assert workers_for(jobs, int(weight_gb * gb), free) == expected
+    if expected:
+        assert expected * (int(weight_gb * gb) + WORKER_OVERHEAD_BYTES) <= (free or float("inf")) / 2
 
 
 def test_ray_missing_is_a_user_error(monkeypatch):
@@ -194,7 +210,8 @@ def test_a_pool_left_open_does_not_hold_up_the_exit():
     code = ("import tempfile\n"
             "if __name__ == '__main__':\n"
             "    keep = tempfile.TemporaryDirectory()\n"
-            "    from moebench.workers.local import LocalPool, Task\n"
+            "    from moebench.workers.local import LocalPool\n"
+            "    from moebench.workers.task import Task\n"
             "    pool = LocalPool(2)\n"
             "    print([o.value for o in pool.run([Task('workers_tasks:double', (4,), 'k')])])\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,

@@ -22,9 +22,10 @@ import triton
 from moebench.bench.spec import SweepSpec
 from moebench.environment import describe, device_name
 from moebench.errors import UserError, one_line
+from moebench.measure.point import Check, check_run, incorrect, time_run
 from moebench.measure.roofline import Ceilings, floor, measure_ceilings
-from moebench.measure.timer import Timing, graph_method, time_eager, time_graph, time_wallclock
-from moebench.paths.base import MoEPath, RunFn, Target
+from moebench.measure.timer import graph_method
+from moebench.paths.base import MoEPath, Target
 from moebench.paths.registry import get_path
 from moebench.paths.torch_ref import moe_reference
 from moebench.problem import MoEInputs, Problem, make_inputs, make_weights
@@ -41,45 +42,6 @@ from moebench.workers.precompile import Precompiler
 _GPU_ERRORS = (RuntimeError, triton.runtime.errors.OutOfResources, triton.CompilationError)
 
 Pinned = Mapping[tuple[str, str, int], TileConfig]  # (model, dtype, M) -> the config to run there
-
-
-@dataclass(frozen=True)
-class Check:
-    correct: bool
-    rel_err: float
-
-
-def check_run(run: RunFn, problem: Problem, inputs: MoEInputs, ref: torch.Tensor | None = None,
-              out: torch.Tensor | None = None) -> Check:
-    """Run the prepared closure ``run`` once into a NaN-poisoned output (``out`` [M, hidden], or a new
-    one) and compare with the fp32 reference on ``inputs`` (``ref`` [M, hidden], computed if not given)."""
-    if out is None:
-        out = torch.empty(problem.M, problem.shape.hidden, device=inputs.x.device, dtype=problem.spec.act)
-    out.fill_(float("nan"))
-    run(out)
-    if ref is None:
-        ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids)
-    if not torch.isfinite(out).all():
-        return Check(False, float("inf"))
-    rel = (torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
-    return Check(rel <= problem.spec.rtol, rel)
-
-
-def check_point(path: MoEPath, problem: Problem, inputs: MoEInputs, config: TileConfig | None = None,
-                ref: torch.Tensor | None = None) -> Check:
-    """Prepare ``path`` on ``inputs`` (a tunable path at ``config``, or its default) and check it once."""
-    if path.tunable and config is None:
-        config = path.default_config(problem)
-    return check_run(path.prepare(inputs, problem, config), problem, inputs, ref)
-
-
-def time_run(run: RunFn, out: torch.Tensor, path: MoEPath, target: Target, budget_s: float = 0.3) -> Timing:
-    """Time the prepared closure ``run`` writing ``out``: graph replay where the path allows it."""
-    if target.interpreter:
-        return time_wallclock(lambda: run(out))
-    if path.graph_safe:
-        return time_graph(lambda: run(out), budget_s=budget_s)
-    return time_eager(lambda: run(out), budget_s=budget_s)
 
 
 @dataclass(frozen=True)
@@ -173,8 +135,7 @@ def run_config(point: PlannedPoint, path: MoEPath, inputs: MoEInputs, ref: torch
         chk = Check(True, 0.0) if path.baseline else check_run(run, problem, inputs, ref, out)
         row = replace(row, correct=chk.correct, rel_err=chk.rel_err)
         if not chk.correct:
-            return replace(row, status="incorrect",
-                           error=f"rel. error {chk.rel_err:.3g} > {problem.spec.rtol:g} against the fp32 reference")
+            return replace(row, status="incorrect", error=incorrect(chk, problem))
         t = time_run(run, out, path, target, budget_s)
     except _GPU_ERRORS as e:
         return replace(row, status="error", error=one_line(e))

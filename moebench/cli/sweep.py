@@ -70,7 +70,7 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     from moebench.paths.base import Target
     from moebench.store.resume import stop_on_sigterm
     from moebench.store.runfolder import ensure_out_dir, load_run
-    from moebench.workers.precompile import default_jobs
+    from moebench.workers.pools import default_jobs
 
     interpreter = interpreting()
     sweep_spec = from_options(

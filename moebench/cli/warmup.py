@@ -74,7 +74,7 @@ def warmup(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep,
 
     from moebench import _interpret  # noqa: F401  (first: the interpreter on, where there is no GPU)
     from moebench.serve.warmup import warm
-    from moebench.workers.precompile import default_jobs
+    from moebench.workers.pools import default_jobs
 
     plan = _plan(table, model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, configs_dir,
                  max_tokens)

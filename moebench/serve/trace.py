@@ -354,7 +354,7 @@ def _warmup(request: TraceRequest, cache_dir: Path, jobs: int | None) -> tuple[d
         if e.name != "moebench.serve.warmup":
             raise
         raise UserError("--warmup needs moebench.serve.warmup, which this moebench lacks") from None
-    from moebench.workers.precompile import default_jobs
+    from moebench.workers.pools import default_jobs
 
     plan = warmup.plan_for_model(request.shape, request.dtype, configs_dir=request.configs_dir,
                                  max_tokens=max(request.counts))

@@ -4,8 +4,8 @@ Triton's on-disk cache.
 A plan (``WarmupPlan``) is what the triton path would run at every M of 1..``max_tokens``: the config of a
 table file given directly (``plan_for_table``), or of the table the lookup picks for a shape
 (``plan_for_model``: --configs, env, shipped), at its key nearest M (``ConfigTable.nearest_key``, as the lookup
-reads it); where there is no table, the heuristic config at each M. ``warm`` runs each kept (M, config) once
-on every shape of the plan in ``precompile.Precompiler``'s workers, which compile the kernels into
+reads it); where there is no table, the heuristic config at each M. ``warm`` first-runs each kept (M, config)
+once on every shape of the plan in ``precompile.Precompiler``'s workers, which compile the kernels into
 ``TRITON_CACHE_DIR``; a later process finds them there and loads them instead of compiling. It counts the
 kernels the cache gained (``kernel_entries``) and lists the configs that could not run, without stopping.
 
@@ -219,7 +219,8 @@ def _run_all(plan: WarmupPlan, jobs: int, on_progress: Progress) -> list[tuple[t
     """((shape, M, config), None or why it could not run) of every run, shape by shape (a pool holds one
     shape's weights); within a shape every M at once, as many at a time as the pool has workers."""
     from moebench.problem import Problem
-    from moebench.workers import precompile
+    from moebench.workers import jobs as first_runs
+    from moebench.workers.precompile import Precompiler
 
     runs = [(shape, M, cfg) for shape in plan.shapes for M, cfg in plan.items]
     results: dict[int, str | None] = {}
@@ -230,15 +231,18 @@ def _run_all(plan: WarmupPlan, jobs: int, on_progress: Progress) -> list[tuple[t
         on_progress(f"{shape.name} M={M}", len(results), len(runs))
 
     on_progress("starting", 0, len(runs))
-    with precompile.Precompiler(jobs) if jobs > 0 else nullcontext() as pool:
+    with Precompiler(jobs) if jobs > 0 else nullcontext() as pool:
         for shape in plan.shapes:
             mine = [i for i, r in enumerate(runs) if r[0] == shape]
             items = [(Problem(shape, runs[i][1], plan.dtype), runs[i][2]) for i in mine]
             if pool is not None and items:
                 pool.compile_runs(PATH, [], items[0][0])  # starts the shape's pool: how many workers fit
             if pool is None or pool.workers == 0:  # no worker (none asked, or no GPU memory for one): here
-                for i, (problem, cfg) in zip(mine, items):
-                    done(i, precompile.run_candidate(PATH, problem, cfg))
+                try:
+                    for i, (problem, cfg) in zip(mine, items):
+                        done(i, first_runs.first_run(PATH, problem, cfg)[-1])
+                finally:
+                    first_runs.release()  # the shape's weights, given back
                 continue
             pool.compile_runs(PATH, items, on_done=lambda j, err, mine=mine: done(mine[j], err))
     return [(runs[i], results[i]) for i in range(len(runs))]

@@ -1,7 +1,7 @@
 """The tuner's measurements: what strategies ask for (compile these, time those at each M) and who answers.
 
 A strategy sees a ``Bench``: ``compile(configs)`` before it times them, then ``time({M: configs}, phase)``.
-``PoolBench`` answers on workers (``tune.workers``): first runs on a compile pool, timings on a pool of one
+``PoolBench`` answers on workers (``workers.pools``): first runs on a compile pool, timings on a pool of one
 worker per GPU, a batch per M so several GPUs time several M at once. Every new measurement goes to
 ``on_result`` (the run writes it as a row). Answers already in the rows of an interrupted run (``Kept``) are
 served from there in the order they were measured, so a resumed tune takes the same decisions and writes
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from moebench.problem import Problem
 from moebench.tile import TileConfig
-from moebench.workers.local import Pool, Task
+from moebench.workers.task import Pool, Task
 
 CHUNK = 48  # configs per timing task: a hang or a crash costs at most this many, which are then run one by one
 COMPILE_TIMEOUT_S = 300.0
@@ -84,7 +84,7 @@ class Kept:
 
 class PoolBench(Bench):
     """Measurements on worker pools: ``compile_pool`` for first runs, ``time_pool`` for timings, by the
-    functions of the module ``jobs`` (``first_run``, ``time_configs``: see ``tune.jobs``)."""
+    functions of the module ``jobs`` (``first_run``, ``time_configs``: see ``workers.jobs``)."""
 
     def __init__(self, path: str, problems: Mapping[int, Problem], compile_pool: Pool, time_pool: Pool,
                  on_result: Callable[[Timed], None], kept: Kept | None = None,

@@ -95,23 +95,16 @@ def _timed(row: dict) -> Timed:
                  row.get("failure"), row.get("error"))
 
 
-def _pools(target: Target, gpus: int | None, ray: str | bool | None, compile_jobs: int | None, weight_bytes: int):
+def _pools(target: Target, gpus: int | None, ray: str | bool | None, compile_jobs: int | None, problem: Problem):
     """(compile pool, time pool): first runs on many processes per GPU, timings on one worker per GPU."""
-    from moebench.workers.local import LocalPool, local_gpus, make_pool
-    from moebench.workers.precompile import default_jobs, workers_for
+    from moebench.workers.pools import compile_pool, default_jobs, local_gpus, make_pool
 
     time_pool = make_pool(gpus, ray)
     if target.interpreter or ray not in (None, False):
         return time_pool, time_pool  # the interpreter compiles nothing ahead; on Ray the cluster's workers do both
-    import torch
-
-    n_gpus = gpus or local_gpus()
     jobs = default_jobs() if compile_jobs is None else compile_jobs
-    # A worker builds its weights in the activation dtype before quantizing them: count that peak.
-    jobs = workers_for(jobs, 2 * weight_bytes, torch.cuda.mem_get_info()[0] * n_gpus) if jobs else 0
-    if jobs < 1:
-        return time_pool, time_pool
-    return LocalPool(jobs, devices=list(range(n_gpus))), time_pool
+    compiling = compile_pool(jobs, problem, gpus or local_gpus()) if jobs else None
+    return (compiling if compiling is not None else time_pool), time_pool
 
 
 def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: str | bool | None = None,
@@ -153,12 +146,10 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
         if on_result:
             on_result(t)
 
-    weight_bytes = 3 * request.shape.experts * request.shape.hidden * request.shape.intermediate * \
-        problems[min(problems)].spec.act_bytes
     pools = ()
     try:
         with stop_on_sigterm():
-            pools = _pools(target, gpus, ray, compile_jobs, weight_bytes)
+            pools = _pools(target, gpus, ray, compile_jobs, problems[min(problems)])
             bench = PoolBench(request.path, problems, pools[0], pools[1], record, kept, on_progress)
             chosen = get_strategy(request.strategy).search(cands, bench, options)
             result.best, result.default = _against_default(bench, path, problems, chosen)

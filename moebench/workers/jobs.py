@@ -1,29 +1,88 @@
-"""What a tuning worker process runs: a config's first run (compile and check), and timings of configs.
+"""What a worker process runs: a config's first run (compile, no check), and timings of configs (check, then time).
 
-Workers hold one problem's weights at a time, and per M its inputs and float32 reference, so the many calls of
-a tune rebuild nothing. A config's first run compiles its kernels (into Triton's on-disk cache, where later
-runs find them) and checks the output against the reference, isolated from the tuner's own process: a compiler
-crash or a kernel that kills the CUDA context ends a worker, not the tune. A timing call checks each config at
-its M (into a NaN-poisoned output) before timing it. Results are plain tuples, so they pickle across processes
-and Ray.
+A first run compiles a config's kernels into Triton's on-disk cache, where later runs (the sweep's process, a
+timing worker, a server after ``moebench warmup``) find them, isolated from the caller's process: a compiler
+crash or a kernel that kills the CUDA context ends a worker, not the run. Sweep ``--tune``, the tuner and
+warmup all first-run through ``first_run``; a timing call checks each config at its M (into a NaN-poisoned
+output) before it times it (``measure.point``). Results are plain tuples, so they pickle across processes and
+Ray.
+
+A worker holds one shape's weights at a time and the inputs of one M, with its float32 reference once a check
+asks for it, so the many calls of a sweep or a tune rebuild nothing. Workers of one compile pool build their
+weights one at a time (``share_builds``), and give the build's temporaries back to the GPU before the next.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 from moebench.problem import Problem
 from moebench.tile import TileConfig
 
 # (time_us, p20_us, p80_us, reps, rel_err, failure, error): one config's outcome at one M.
 Result = tuple[float | None, float | None, float | None, int | None, float | None, str | None, str | None]
+RAN: Result = (None,) * 7  # a first run that ran
 
 # Timing budgets: a screen ranks many configs quickly; a final re-time decides between the few kept.
 BUDGETS = {"screen": dict(budget_s=0.01, min_reps=5, max_reps=10, warmup=1),
            "final": dict(budget_s=0.1, min_reps=25, max_reps=100, warmup=2)}
 BUDGETS["default"] = BUDGETS["check"] = BUDGETS["final"]  # chosen configs re-timed beside others, as in "final"
 
-_state: dict = {"weights": None, "weights_of": None, "inputs": {}}
+# This process's weights (of ``weights_of``: shape, dtype, seed) and its point: (problem, inputs, ref, out).
+_state: dict = {"weights_of": None, "weights": None, "point": None}
+_building = nullcontext()  # in a compile pool, the pool's lock: one worker builds weights at a time
+
+
+def share_builds(lock) -> None:
+    """A compile pool's worker initializer: build weights only while holding ``lock``, the pool's."""
+    global _building
+    _building = lock
+
+
+def release() -> None:
+    """Drop the weights and inputs this process holds (after first runs in the caller's own process)."""
+    _state.update(weights_of=None, weights=None, point=None)
+    _empty_cache()
+
+
+def _empty_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _point(problem: Problem, reference: bool):
+    """(inputs, reference, out) for ``problem`` on this process's device, built once per M; the float32
+    reference once asked for (without ``reference``: None, if none was built yet)."""
+    import torch
+
+    from moebench.paths.base import Target
+    from moebench.paths.torch_ref import moe_reference
+    from moebench.problem import make_inputs, make_weights
+
+    device = Target.current().device
+    weights_of = (problem.shape, problem.dtype, problem.seed)
+    if _state["weights_of"] != weights_of:
+        release()  # one shape's weights at a time
+        with _building:
+            _empty_cache()
+            _state["weights"] = make_weights(problem.shape, problem.dtype, problem.seed, device)
+            _empty_cache()  # the build's temporaries, back to the GPU for the next worker's build
+        _state["weights_of"] = weights_of
+    point = _state["point"]
+    if point is None or point[0] != problem:
+        _state["point"] = None  # one M at a time
+        inputs = make_inputs(problem, device, _state["weights"])
+        out = torch.empty(problem.M, problem.shape.hidden, device=device, dtype=problem.spec.act)
+        point = _state["point"] = (problem, inputs, None, out)
+    if reference and point[2] is None:
+        inputs = point[1]
+        ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids)
+        point = _state["point"] = (problem, inputs, ref, point[3])
+        _empty_cache()  # the reference's float32 weights, back to the GPU
+    return point[1:]
 
 
 def classify(e: BaseException) -> str:
@@ -38,80 +97,54 @@ def classify(e: BaseException) -> str:
     return "error"
 
 
-def _point(problem: Problem, reference: bool = True):
-    """(inputs, reference, out) for ``problem`` on this worker's device, built once per M (without
-    ``reference``: the reference is None)."""
+def _failed(e: Exception, rel_err: float | None = None) -> Result:
+    """The Result of a config whose run raised ``e`` (a UserError: a config the path refuses, an "error")."""
+    from moebench.errors import UserError, one_line
+
+    return (None, None, None, None, rel_err, "error" if isinstance(e, UserError) else classify(e), one_line(e))
+
+
+def first_run(path_name: str, problem: Problem, cfg: TileConfig) -> Result:
+    """Compile ``cfg``'s kernels by running them once: ``RAN``, or its failure (typed, one line). No reference
+    is built here (a float32 copy of the weights per compile worker would not fit many workers on one GPU);
+    a timing call checks each config before it times it."""
     import torch
 
     from moebench.paths.base import Target
-    from moebench.paths.torch_ref import moe_reference
-    from moebench.problem import make_inputs, make_weights
+    from moebench.paths.registry import get_path
 
-    device = Target.current().device
-    weights_of = (problem.shape, problem.dtype, problem.seed)
-    if _state["weights_of"] != weights_of:
-        _state.update(weights=None, inputs={})
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        _state["weights"] = make_weights(problem.shape, problem.dtype, problem.seed, device)
-        _state["weights_of"] = weights_of
-    key = (problem, reference)
-    if key not in _state["inputs"]:
-        _state["inputs"].clear()  # one M at a time
-        inputs = make_inputs(problem, device, _state["weights"])
-        ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids) if reference else None
-        out = torch.empty(problem.M, problem.shape.hidden, device=device, dtype=problem.spec.act)
-        _state["inputs"][key] = (inputs, ref, out)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()  # the reference's float32 weights, back to the GPU
-    return _state["inputs"][key]
+    try:
+        inputs, _, out = _point(problem, reference=False)
+        get_path(path_name).prepare(inputs, problem, cfg)(out)
+        if Target.current().device.type == "cuda":
+            torch.cuda.synchronize()
+    except Exception as e:  # GPU-side failures become results; the worker goes on
+        return _failed(e)
+    return RAN
 
 
 def _check(path_name: str, problem: Problem, cfg: TileConfig):
     """Prepare ``cfg`` and check it once: (run, out, rel_err) or (None, None, Result of its failure)."""
-    from moebench.bench.sweep import check_run
-    from moebench.errors import UserError, one_line
+    from moebench.measure.point import check_run, incorrect
     from moebench.paths.registry import get_path
 
     try:
-        inputs, ref, out = _point(problem)
+        inputs, ref, out = _point(problem, reference=True)
         run = get_path(path_name).prepare(inputs, problem, cfg)
         chk = check_run(run, problem, inputs, ref, out)
-    except Exception as e:  # GPU-side failures become results; the worker goes on
-        return None, None, (None, None, None, None, None, "error" if isinstance(e, UserError) else classify(e),
-                            one_line(e))
-    if not chk.correct:
-        error = f"rel. error {chk.rel_err:.3g} > {problem.spec.rtol:g} against the fp32 reference"
-        return None, None, (None, None, None, None, chk.rel_err, "incorrect", error)
-    return run, out, chk.rel_err
-
-
-def first_run(path_name: str, problem: Problem, cfg: TileConfig) -> Result:
-    """Compile ``cfg``'s kernels by running them once: no time, or its failure. No reference is built here
-    (a float32 copy of the weights per compile worker would not fit many workers on one GPU); the timing
-    worker checks each config before it times it."""
-    import torch
-
-    from moebench.errors import UserError, one_line
-    from moebench.paths.base import Target
-    from moebench.paths.registry import get_path
-
-    try:
-        inputs = _point(problem, reference=False)[0]
-        out = torch.empty(problem.M, problem.shape.hidden, device=inputs.x.device, dtype=problem.spec.act)
-        get_path(path_name).prepare(inputs, problem, cfg)(out)
-        if Target.current().device.type == "cuda":
-            torch.cuda.synchronize()
     except Exception as e:
-        return (None, None, None, None, None, "error" if isinstance(e, UserError) else classify(e), one_line(e))
-    return (None,) * 7
+        return None, None, _failed(e)
+    if not chk.correct:
+        return None, None, (None, None, None, None, chk.rel_err, "incorrect", incorrect(chk, problem))
+    return run, out, chk.rel_err
 
 
 def time_configs(path_name: str, problem: Problem, configs: Sequence[TileConfig], phase: str) -> list[Result]:
     """Each config checked at this M, then timed at ``phase``'s budget, in order."""
     import torch
 
-    from moebench.bench.sweep import time_run
+    from moebench.measure.point import time_run
+    from moebench.measure.timer import time_graph
     from moebench.paths.base import Target
     from moebench.paths.registry import get_path
 
@@ -127,13 +160,9 @@ def time_configs(path_name: str, problem: Problem, configs: Sequence[TileConfig]
             if target.interpreter:
                 t = time_run(run, out, path, target)
             else:
-                from moebench.measure.timer import time_graph
-
                 t = time_graph(lambda run=run, out=out: run(out), **BUDGETS[phase])
         except Exception as e:
-            from moebench.errors import one_line
-
-            results.append((None, None, None, None, checked, classify(e), one_line(e)))
+            results.append(_failed(e, checked))
             continue
         results.append((t.median_us, t.p20_us, t.p80_us, t.reps, checked, None, None))
         if target.device.type == "cuda":

@@ -1,32 +1,26 @@
-"""Worker pools that run tuning tasks in processes of their own: one per local GPU, or tasks on a Ray cluster.
+"""``LocalPool``: tasks (``workers.task``) run in worker processes on this machine, one GPU each or the CPU.
 
-A candidate config is compiled and first run in a worker, never in the tuner's process, so that whatever it
+A candidate config is compiled and first run in a worker, never in the caller's process, so that whatever it
 does to its process (a compile that never ends, a kernel that faults the GPU and takes its CUDA context down,
-a segfault in the driver) costs one typed outcome instead of the run: a task that raises is an "error", one
-whose worker process dies is a "crash", one past its timeout is a "hang" (its worker is killed). The pool
-replaces a lost worker with a fresh process and goes on with the other tasks.
-
-``LocalPool`` keeps one ``multiprocessing`` process per worker (spawn: a CUDA context does not survive a
-fork) with a pipe to each, and hands a worker its next task only when it is idle, so a dead worker loses
-only the task it was running. ``RayPool`` (``tune.raypool``) runs the same tasks as Ray remote calls. A task
-names its function as "package.module:function"; both pools return outcomes as they finish, in any order.
+a segfault in the driver) costs one typed outcome instead of the run. The pool keeps one ``multiprocessing``
+process per worker (spawn: a CUDA context does not survive a fork) with a pipe to each, and hands a worker its
+next task only when it is idle, so a dead worker loses only the task it was running; it replaces a lost worker
+with a fresh process and goes on with the other tasks. Outcomes come back as they finish, in any order.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
 import os
 import signal
 import time
 import weakref
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from multiprocessing import connection, get_context
-from typing import Protocol
 
-from moebench.errors import UserError, one_line
+from moebench.errors import one_line
+from moebench.workers.task import Outcome, Task, call_task
 
 # A killed worker gets SIGTERM, then SIGKILL if it is still there after this many seconds.
 KILL_GRACE_S = 1.0
@@ -37,63 +31,10 @@ CLOSE_WAIT_S = 5.0
 MAX_START_FAILURES = 3
 
 
-@dataclass(frozen=True)
-class Task:
-    """One unit of work, picklable: ``fn`` ("package.module:function") is imported and called in a worker
-    as ``fn(*args)``; ``key`` is the caller's id for it; past ``timeout_s`` its worker is killed."""
-
-    fn: str
-    args: tuple
-    key: object
-    timeout_s: float | None = None
-
-    def __post_init__(self):
-        if ":" not in self.fn:
-            raise ValueError(f"a task's fn is 'package.module:function', not {self.fn!r}")
-        if self.timeout_s is not None and self.timeout_s <= 0:
-            raise ValueError(f"a task's timeout must be positive, not {self.timeout_s}")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What became of one task: ``value`` is fn's return value; ``failure`` is None, "error" (fn raised;
-    ``error`` holds the one line), "crash" (its worker process died) or "hang" (timed out, worker killed)."""
-
-    key: object
-    value: object | None
-    failure: str | None
-    error: str | None
-    worker: int  # which worker ran it: 0 .. workers-1
-    seconds: float  # wall time in the worker (for a crash or a hang, since it was handed out)
-
-
-class Pool(Protocol):
-    workers: int
-
-    def run(self, tasks: Iterable[Task]) -> Iterator[Outcome]: ...
-
-    def close(self) -> None: ...
-
-
-def call_task(fn: str, args: tuple) -> tuple[object, str | None, float]:
-    """In a worker: import and call ``fn(*args)``; its value (None if it raised), the error's one line or
-    None, and the seconds it took."""
-    start = time.perf_counter()
-    try:
-        module, _, name = fn.partition(":")
-        target = importlib.import_module(module)
-        for part in name.split("."):
-            target = getattr(target, part)
-        value, error = target(*args), None
-    except (Exception, SystemExit) as e:  # the task's failure is its outcome; the worker goes on
-        value, error = None, one_line(e)
-    return value, error, time.perf_counter() - start
-
-
 def _serve(conn, initializer: str | None, initargs: tuple) -> None:
     """A local worker's life: say it is ready (or why its initializer failed), then run the tasks it is sent
     until it is sent None or the pool's end of the pipe closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the tuner's: it stops the workers itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's: its pool stops the workers
     if initializer is not None:
         _, error, _ = call_task(initializer, initargs)
         if error is not None:
@@ -344,33 +285,3 @@ def _exit_reason(code: int | None) -> str:
         return f"killed by signal {-code}"
     return f"exit code {code}"
 
-
-def local_gpus() -> int:
-    """The CUDA GPUs this process sees; counting them creates no CUDA context."""
-    import torch
-
-    return torch.cuda.device_count()
-
-
-def make_pool(gpus: int | None = None, ray_address: str | bool | None = None, *,
-              env: dict[str, str] | None = None) -> Pool:
-    """The pool for ``--gpus N`` (default: one worker per local GPU, one on a CPU-only machine) or
-    ``--ray [ADDRESS]`` (``ray_address`` True: Ray's default address; a string: that cluster, "local" a
-    new local instance; None or False: local workers)."""
-    if ray_address not in (None, False):
-        if gpus is not None:
-            raise UserError("--gpus and --ray: choose one (on Ray, each task takes one of the cluster's GPUs)")
-        from moebench.workers.ray import RayPool
-
-        return RayPool(None if ray_address is True else ray_address, env=env)
-    if gpus is not None and gpus < 1:
-        raise UserError(f"--gpus {gpus}: at least 1")
-    have = local_gpus()
-    if have == 0:
-        if gpus not in (None, 1):
-            raise UserError(f"--gpus {gpus}: this machine has no CUDA GPU (one worker runs the Triton interpreter)")
-        return LocalPool(1, None, env)  # the CPU: a worker runs the Triton interpreter
-    if gpus is not None and gpus > have:
-        raise UserError(f"--gpus {gpus}: this machine has {have} CUDA GPU{'s' if have > 1 else ''}")
-    n = gpus or have
-    return LocalPool(n, list(range(n)), env)

@@ -1,6 +1,6 @@
-"""Tuning tasks as Ray remote calls: the worker pool of ``--ray [ADDRESS]``, with ``LocalPool``'s contract.
+"""``RayPool``: tasks (``workers.task``) as Ray remote calls, the worker pool of ``--ray [ADDRESS]``.
 
-Each task is one remote call of ``workers.call_task`` with ``max_retries=0`` (a config that killed its worker
+Each task is one remote call of ``task.call_task`` with ``max_retries=0`` (a config that killed its worker
 would only kill another), never more at once than the cluster has GPUs for, so that a task's timeout
 counts its own run and not its wait in Ray's queue. A dead worker is a "crash"; a task past its timeout is
 cancelled with force (its worker process killed), a "hang". Ray is imported when a pool is made: it is an
@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 from moebench.errors import UserError, one_line
-from moebench.workers.local import Outcome, Task, call_task
+from moebench.workers.task import Outcome, Task, call_task
 
 
 def import_ray():

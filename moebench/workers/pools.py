@@ -1,0 +1,94 @@
+"""Choosing a worker pool: the timing pool of ``--gpus N`` / ``--ray [ADDRESS]``, and the compile pool of first
+runs, with as many workers as fit in GPU memory.
+
+Timing wants the GPU to itself: one worker per GPU. First runs (compiling a config's kernels into Triton's
+on-disk cache) are mostly CPU work, so many workers share a GPU; each holds a CUDA context and one shape's
+weights there, so ``workers_for`` starts as many as fit in half the free GPU memory, the other half left to
+the process that times. Workers build their weights one at a time (a lock, ``jobs.share_builds``): many
+workers building large weights at once can run the GPU out of memory.
+"""
+
+from __future__ import annotations
+
+import os
+from multiprocessing import get_context
+
+from moebench.errors import UserError
+from moebench.problem import Problem
+from moebench.workers.local import LocalPool
+from moebench.workers.task import Pool
+
+# Compile workers by default: one per core but one (the caller's own), at most 12.
+MAX_DEFAULT_JOBS = 12
+# GPU memory a worker takes besides the weights: its CUDA context, the point's inputs and the layer's buffers.
+WORKER_OVERHEAD_BYTES = 1 << 30
+
+
+def local_gpus() -> int:
+    """The CUDA GPUs this process sees; counting them creates no CUDA context."""
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def make_pool(gpus: int | None = None, ray_address: str | bool | None = None, *,
+              env: dict[str, str] | None = None) -> Pool:
+    """The pool for ``--gpus N`` (default: one worker per local GPU, one on a CPU-only machine) or
+    ``--ray [ADDRESS]`` (``ray_address`` True: Ray's default address; a string: that cluster, "local" a
+    new local instance; None or False: local workers)."""
+    if ray_address not in (None, False):
+        if gpus is not None:
+            raise UserError("--gpus and --ray: choose one (on Ray, each task takes one of the cluster's GPUs)")
+        from moebench.workers.ray import RayPool
+
+        return RayPool(None if ray_address is True else ray_address, env=env)
+    if gpus is not None and gpus < 1:
+        raise UserError(f"--gpus {gpus}: at least 1")
+    have = local_gpus()
+    if have == 0:
+        if gpus not in (None, 1):
+            raise UserError(f"--gpus {gpus}: this machine has no CUDA GPU (one worker runs the Triton interpreter)")
+        return LocalPool(1, None, env)  # the CPU: a worker runs the Triton interpreter
+    if gpus is not None and gpus > have:
+        raise UserError(f"--gpus {gpus}: this machine has {have} CUDA GPU{'s' if have > 1 else ''}")
+    n = gpus or have
+    return LocalPool(n, list(range(n)), env)
+
+
+def default_jobs() -> int:
+    """Compile workers when ``--compile-jobs`` is not given."""
+    return max(0, min((os.cpu_count() or 1) - 1, MAX_DEFAULT_JOBS))
+
+
+def workers_for(jobs: int, weight_bytes: int, free_bytes: int | None) -> int:
+    """How many of ``jobs`` workers to start for weights of ``weight_bytes``: as many as fit in half of
+    ``free_bytes`` of GPU memory (all of them where that is not known: the interpreter, on the CPU)."""
+    if free_bytes is None:
+        return jobs
+    return max(0, min(jobs, free_bytes // 2 // (weight_bytes + WORKER_OVERHEAD_BYTES)))
+
+
+def weight_bytes(problem: Problem) -> int:
+    """The expert weights of ``problem``: w13 [E, 2I, hidden] and w2 [E, hidden, I] (scales left out)."""
+    s = problem.shape
+    return 3 * s.experts * s.hidden * s.intermediate * problem.spec.weight_bytes
+
+
+def free_gpu_bytes() -> int | None:
+    """Free memory of this process's GPU; None without one."""
+    import torch
+
+    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+
+
+def compile_pool(jobs: int, problem: Problem, gpus: int | None = None) -> LocalPool | None:
+    """Up to ``jobs`` workers for first runs of ``problem``'s shape and dtype, as many as fit (``workers_for``)
+    on ``gpus`` GPUs, spread over them (None: the GPU this process uses, devices left as they are); None
+    where not one fits."""
+    free = free_gpu_bytes()
+    n = workers_for(jobs, weight_bytes(problem), None if free is None else free * (gpus or 1))
+    if n < 1:
+        return None
+    lock = get_context("spawn").Lock()
+    return LocalPool(n, list(range(gpus)) if gpus else None, initializer="moebench.workers.jobs:share_builds",
+                     initargs=(lock,))
