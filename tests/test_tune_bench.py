@@ -73,7 +73,7 @@ def builds(cfg: TileConfig) -> bool:
 
 
 def answer(cfg: TileConfig, M: int, facts: dict[int, Facts]) -> tuple:
-    """A timing result (``tune.jobs.Result``): the model's time, off by up to 30% either way so that the climb
+    """A timing result (``workers.jobs.Result``): the model's time, off by up to 30% either way so that the climb
     has somewhere to go; about 1 in 30 outputs wrong."""
     if _u("check", M, cfg.key()) < 0.03:
         return None, None, None, None, 0.5, "incorrect", "output mismatch"
@@ -129,7 +129,7 @@ def test_fast_asks_for_the_same_measurements_in_another_process():
 # --- a resumed tune ----------------------------------------------------------------------------------------
 
 class FixedPool:
-    """A worker pool that runs ``tune.jobs``' two tasks here, from ``builds`` and ``answer``."""
+    """A worker pool that runs ``workers.jobs``' two tasks here, from ``builds`` and ``answer``."""
 
     workers = 1
 

@@ -304,7 +304,7 @@ def test_bad_input_is_a_user_error(args, match):
     assert isinstance(result.exception, UserError) and match in str(result.exception)
 
 
-@pytest.mark.skipif("warmup" not in cli.commands, reason="the command is registered in cli.py")
+@pytest.mark.skipif("warmup" not in cli.commands, reason="the command is registered in cli/main.py")
 def test_the_registered_command_end_to_end(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), CACHE_ENV: str(tmp_path / "cache")}
 

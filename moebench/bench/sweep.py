@@ -195,12 +195,12 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
     tuner's candidates or the default.
 
     With ``resume``, a stopped run of the same request (``sweep_request``) under ``out_base`` is continued in
-    its folder (``results.find_resumable``): its rows are kept and skipped, and ``on_resume`` gets the folder
+    its folder (``store.resume.find_resumable``): its rows are kept and skipped, and ``on_resume`` gets the folder
     and the record of the reopening. Ctrl-C or SIGTERM (``results.stop_on_sigterm``) raise
-    ``results.Interrupted`` naming the folder, which records "interrupted"; another exception, "failed".
+    ``store.resume.Interrupted`` naming the folder, which records "interrupted"; another exception, "failed".
 
     ``compile_jobs`` > 0 (a tuned sweep on a GPU): that many worker processes compile each tuned point's
-    candidates before it is timed (``moebench.workers.precompile``); ``on_note`` is told when they start on a point.
+    candidates before it is timed (``workers.precompile``); ``on_note`` is told when they start on a point.
     """
     if isinstance(spec, SweepPlan):
         if configs:

@@ -2,7 +2,7 @@
 table.
 
 ``tune`` checks the request, opens a run folder (or reopens the one an interrupted start of the same request
-left: ``results.find_resumable``), builds each M's pruned and ranked candidates, starts the worker pools and
+left: ``store.resume.find_resumable``), builds each M's pruned and ranked candidates, starts the worker pools and
 hands them to the strategy. Each measurement is a row as it arrives (failures too, typed); the chosen config
 of each M is then re-timed beside the path's untuned default ("default" rows) so the table's gain is
 measured in the same run, and the table is written into the folder.
