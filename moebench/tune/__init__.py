@@ -1,1 +1,2 @@
-"""Tuning: the search space, its strategies, the worker pools that compile and run candidates, the run store."""
+"""Tuning: the declared space, pruning rules, cost model, strategies, the hand-picked candidates, a tune's run
+and tune-tables over the served shapes."""

@@ -1,4 +1,4 @@
-"""The tile-config search space: a small pruned list of candidates per problem.
+"""The hand-picked tile-config candidates of one point: what ``sweep --tune`` and ``isa`` try.
 
 The token tile height follows the average slots per expert (``M * topk / E``),
 as in ``tile.default_config``; around it a handful of shapes that do well on
@@ -7,8 +7,8 @@ three forms of the top-k sum. Each moebench-only field (``tile.FIELDS``) is
 tried where a rule below says it can pay off, beside the config without it, so
 a sweep measures both and keeps the fastest. The rules that depend on the GPU
 read its SM count, L2 and shared memory from ``hardware.DeviceLimits``. Each
-candidate is checked against the reference before it is timed (the runner does
-that).
+candidate is checked against the reference before it is timed (``bench.sweep``
+does that).
 """
 
 from __future__ import annotations
