@@ -24,8 +24,10 @@ $(STAMP): pyproject.toml
 bench: install
 	$(PY) -m moebench sweep
 
+# Two pytest-xdist workers: the 2-core CI machine's cores (TEST_JOBS=N for more; the tests own their temp paths).
+TEST_JOBS ?= 2
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS)
 
 check: install
 	$(PY) -m ruff check moebench tests

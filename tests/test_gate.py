@@ -1,5 +1,9 @@
 """The regression gate on real H200 runs: unchanged code passes, a 10% slowdown at one point is caught,
-runs of different GPUs or sweeps are refused, and interpreter runs are gated on correctness."""
+runs of different GPUs or sweeps are refused, and interpreter runs are gated on correctness.
+
+These tests read the committed evidence runs in results/ rather than copies in tests/data: their point is that
+`make gate`'s baseline (results/baselines/h200-quick-d62257d) raises no false alarm on the repeat runs of the
+same code (results/h200-quick-repeat-d62257d) that docs/reports.md cites."""
 
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ from moebench.report import runs
 from moebench.report import tables as report
 from moebench.report.page import render_html, write_html
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
-KERNELS = RESULTS / "h200-kernels-0dcfbb8"  # 56 ok rows (triton and cutlass), 14 unsupported, TTFT-sized M
-QUICK = RESULTS / "h200-quick-9476d0f"  # another commit and other ceilings, for a page of two runs
+DATA = Path(__file__).resolve().parent / "data"
+KERNELS = DATA / "h200-kernels"  # 56 ok rows (triton and cutlass), 14 unsupported, TTFT-sized M
+QUICK = DATA / "h200-quick"  # another commit and other ceilings, for a page of two runs
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 INJECTED = "<b>injected</b>"  # text from a row that must come out as text, not markup
 CHROMIUM = "/usr/bin/chromium"

@@ -19,8 +19,8 @@ from moebench.store.rows import Row
 from moebench.store.runfolder import RunWriter
 
 ROOT = Path(__file__).resolve().parent.parent
-KERNELS = ROOT / "results" / "h200-kernels-0dcfbb8"  # 3 models, bf16/fp8, triton and cutlass, 7 M (H200)
-TUNE = ROOT / "results" / "h200-tune-fast-18d626e"  # best.json and meta.json of two tunes, side by side
+KERNELS = ROOT / "tests" / "data" / "h200-kernels"  # 3 models, bf16/fp8, triton and cutlass, 7 M (H200)
+TUNE = ROOT / "tests" / "data" / "h200-tune-fast"  # best.json and meta.json of two tunes, side by side
 TIMING = "cuda-graph replay, L2 emptied before each replay (a read of 4x its size so that nothing stays), median"
 CEILINGS = {"read_gbps": 4600.0, "bf16_tflops": 790.0, "fp8_tflops": 1430.0}
 MIXTRAL = {"model": "mixtral-8x7b", "experts": 8, "hidden": 4096, "intermediate": 14336, "topk": 2,

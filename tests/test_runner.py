@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from moebench._interpret import interpreting
 from moebench.bench.spec import Block, SweepSpec
 from moebench.bench.sweep import run_sweep
+from moebench.measure.timer import WALLCLOCK, Timing
 from moebench.models import get_model
 from moebench.paths.base import Target
 from moebench.problem import Problem, make_inputs
@@ -17,17 +20,42 @@ from moebench.tune.handpicked import candidates
 
 
 @pytest.mark.skipif(not interpreting(), reason="bf16 is refused only under the interpreter")
-def test_tuned_sweep_writes_a_checked_row_per_candidate_and_one_row_per_refusal(tmp_path):
-    """fp16 on the interpreter: one timed row per tile candidate; bf16 (refused there): one typed row. The
+def once(fn) -> Timing:
+    """The interpreter's wall-clock timing of a single run, not a warm-up and three: each row still gets a time."""
+    start = time.perf_counter()
+    fn()
+    return Timing.from_samples([(time.perf_counter() - start) * 1e6], WALLCLOCK)
+
+
+def one_per_variant(problem: Problem) -> list[TileConfig]:
+    """The tuner's candidates, one per variant (the label past tile shape, warps and stages), each variant at the
+    next tile shape in turn: every variant and every tile shape of the candidates, a quarter of the runs."""
+    by_variant: dict[str, list[TileConfig]] = {}
+    for c in candidates(problem):
+        by_variant.setdefault(" ".join(c.label.split()[3:]), []).append(c)
+    return [cs[i % len(cs)] for i, cs in enumerate(by_variant.values())]
+
+
+def test_tuned_sweep_writes_a_checked_row_per_candidate_and_one_row_per_refusal(tmp_path, monkeypatch):
+    """fp16 on the interpreter: one timed row per tile candidate (the tuner's, one per variant: each variant
+    and each tile shape still checked against the reference); bf16 (refused there): one typed row. The
     interpreter compiles nothing, so compile workers asked for are not started."""
+    import moebench.bench.sweep as runner
+
     tiny = get_model("tiny")
+    every, picked = candidates(Problem(tiny, 1, "fp16")), one_per_variant(Problem(tiny, 1, "fp16"))
+    shapes = {c.label.split()[0] for c in every}
+    assert len(shapes) > 1 and {c.label.split()[0] for c in picked} == shapes  # every tile shape runs
+    assert {" ".join(c.label.split()[3:]) for c in picked} == {" ".join(c.label.split()[3:]) for c in every}
+    monkeypatch.setattr(runner, "candidates", one_per_variant)
+    monkeypatch.setattr(runner, "time_wallclock", once)
     spec = SweepSpec("t", (Block((tiny,), (1,), ("fp16", "bf16"), ("triton",)),), tune=True)
     seen = []
     meta, df = load_run(run_sweep(spec, tmp_path, on_row=seen.append, compile_jobs=2))
     assert meta["tune"] is True and meta["status"] == "complete" and len(seen) == len(df)
     assert meta["compile_jobs"] == 0
     fp16 = df[df["dtype"] == "fp16"]
-    assert len(fp16) == len(candidates(Problem(tiny, 1, "fp16")))
+    assert len(fp16) == len(picked) and [TileConfig.from_dict(c) for c in fp16["config"]] == picked
     assert (fp16["status"] == "ok").all() and fp16["correct"].all() and fp16["time_us"].notna().all()
     assert len({tuple(sorted(c.items())) for c in fp16["config"]}) == len(fp16)
     bf16 = df[df["dtype"] == "bf16"]
@@ -48,10 +76,11 @@ def test_a_tuned_sweep_on_a_gpu_compiles_its_candidates_in_workers(tmp_path):
 def test_pinned_configs_replace_the_candidates_at_the_points_they_name(tmp_path, monkeypatch):
     """A config pinned for (model, dtype, M) is the one row of that point, tuning or not; other points keep
     the tuner's candidates (here its first three, so the interpreter runs a few: the tuned-sweep test above
-    runs them all)."""
+    runs one per variant)."""
     import moebench.bench.sweep as runner
 
     monkeypatch.setattr(runner, "candidates", lambda problem: candidates(problem)[:3])
+    monkeypatch.setattr(runner, "time_wallclock", once)
     tiny = get_model("tiny")
     pinned = TileConfig(16, 32, 32, 1, 4, 2, swap_ab=True, atomic_sum=False)
     spec = SweepSpec("t", (Block((tiny,), (1, 3), ("fp16",), ("triton",)),), tune=True)

@@ -18,7 +18,7 @@ from moebench.report.charts import charts
 from moebench.report.page import render_html
 from moebench.serve.trace import requests_table, summarize
 
-QUICK = Path(__file__).resolve().parent.parent / "results" / "h200-quick-9476d0f"
+QUICK = Path(__file__).resolve().parent / "data" / "h200-quick"
 
 
 def trace_folder(where: Path, compiles: list[int], *, specialize=False, interpreter=False) -> Path:

@@ -29,7 +29,7 @@ from moebench.tune.prune import (
 from moebench.tune.record import ENGINE
 from moebench.tune.space import get_space
 
-RECORDED = Path(__file__).parent.parent / "results" / "h200-tune-exhaustive-18d626e"
+RECORDED = Path(__file__).parent / "data" / "h200-tune-exhaustive"  # screen times of exhaustive H200 tunes
 # The recordings, named by file, with the shape and dtype each tuned (as ``moebench tune`` builds them).
 RECORDINGS = {
     "qwen3-30b-a3b-bf16": (lambda: get_model("qwen3-30b-a3b"), "bf16"),
@@ -200,7 +200,7 @@ def test_prune_counts_a_config_under_the_first_rule_that_drops_it():
 
 @cache
 def recording(name: str) -> tuple[pd.DataFrame, dict[int, Facts]]:
-    df = pd.read_csv(RECORDED / f"{name}.csv", keep_default_na=False, na_values={"time_us": [""]})
+    df = pd.read_csv(RECORDED / f"{name}.csv.gz", keep_default_na=False, na_values={"time_us": [""]})
     shape, dtype = RECORDINGS[name][0](), RECORDINGS[name][1]
     ms = sorted({int(m) for m in df["M"]})
     return df, {M: Facts.of(Problem(shape, M, dtype), "triton-classic", HOPPER) for M in ms}

@@ -24,7 +24,7 @@ from moebench.tune.replay import ReplayBench
 from moebench.tune.space import get_space
 from moebench.tune.strategies import exhaustive, fast
 
-RECORDED = Path(__file__).parent.parent / "results" / "h200-tune-exhaustive-18d626e"
+RECORDED = Path(__file__).parent / "data" / "h200-tune-exhaustive"  # screen times of exhaustive H200 tunes
 RECORDINGS = {
     "qwen3-30b-a3b-bf16": (lambda: get_model("qwen3-30b-a3b"), "bf16"),
     "deepseek-v3-tp8-fp8-block128": (lambda: shard(get_model("deepseek-v3"), tp=8), "fp8-block128"),
@@ -50,7 +50,7 @@ class Watched(ReplayBench):
 @cache
 def recording(name: str):
     """(recorded times, candidates, the recorded best time per M)."""
-    times = replay_times(RECORDED / f"{name}.csv")
+    times = replay_times(RECORDED / f"{name}.csv.gz")
     ms = sorted({M for M, _ in times})
     shape, dtype = RECORDINGS[name][0](), RECORDINGS[name][1]
     cands = Candidates(get_space("triton-classic"),

@@ -11,9 +11,9 @@ from moebench.report import runs
 from moebench.report.compare import point_times
 from moebench.report.variants import compare_within, point_columns
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
-KERNELS = RESULTS / "h200-kernels-0dcfbb8"  # triton and cutlass, bf16 and fp8, one row per point and path
-SWAP = RESULTS / "h200-fp8-static-29100d5"  # triton rows with Swap-AB on and off at every M
+DATA = Path(__file__).resolve().parent / "data"
+KERNELS = DATA / "h200-kernels"  # triton and cutlass, bf16 and fp8, one row per point and path
+SWAP = DATA / "h200-fp8-static"  # triton rows with Swap-AB on and off at every M (the 3 fastest of each)
 
 
 @pytest.fixture(scope="module")
