@@ -41,6 +41,7 @@ def test_tuned_sweep_writes_a_checked_row_per_candidate_and_one_row_per_refusal(
     and each tile shape still checked against the reference); bf16 (refused there): one typed row. The
     interpreter compiles nothing, so compile workers asked for are not started."""
     import moebench.bench.sweep as runner
+    import moebench.measure.point as point
 
     tiny = get_model("tiny")
     every, picked = candidates(Problem(tiny, 1, "fp16")), one_per_variant(Problem(tiny, 1, "fp16"))
@@ -48,7 +49,7 @@ def test_tuned_sweep_writes_a_checked_row_per_candidate_and_one_row_per_refusal(
     assert len(shapes) > 1 and {c.label.split()[0] for c in picked} == shapes  # every tile shape runs
     assert {" ".join(c.label.split()[3:]) for c in picked} == {" ".join(c.label.split()[3:]) for c in every}
     monkeypatch.setattr(runner, "candidates", one_per_variant)
-    monkeypatch.setattr(runner, "time_wallclock", once)
+    monkeypatch.setattr(point, "time_wallclock", once)
     spec = SweepSpec("t", (Block((tiny,), (1,), ("fp16", "bf16"), ("triton",)),), tune=True)
     seen = []
     meta, df = load_run(run_sweep(spec, tmp_path, on_row=seen.append, compile_jobs=2))
@@ -78,9 +79,10 @@ def test_pinned_configs_replace_the_candidates_at_the_points_they_name(tmp_path,
     the tuner's candidates (here its first three, so the interpreter runs a few: the tuned-sweep test above
     runs one per variant)."""
     import moebench.bench.sweep as runner
+    import moebench.measure.point as point
 
     monkeypatch.setattr(runner, "candidates", lambda problem: candidates(problem)[:3])
-    monkeypatch.setattr(runner, "time_wallclock", once)
+    monkeypatch.setattr(point, "time_wallclock", once)
     tiny = get_model("tiny")
     pinned = TileConfig(16, 32, 32, 1, 4, 2, swap_ab=True, atomic_sum=False)
     spec = SweepSpec("t", (Block((tiny,), (1, 3), ("fp16",), ("triton",)),), tune=True)
