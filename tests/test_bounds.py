@@ -7,12 +7,12 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from helpers import moebench_in_process
 
 from moebench.errors import UserError
 from moebench.measure.roofline import Ceilings, floor
@@ -316,9 +316,7 @@ def test_measure_point_on_the_gpu(dtype):
 # ---- the command line --------------------------------------------------------------------------------
 
 def moebench(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "moebench", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=300)
+    return moebench_in_process(*args, cwd=ROOT)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="describes a machine without a GPU")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import moebench_in_process
 
 from moebench._interpret import interpreting
 from moebench.store.runfolder import ROW_COLUMNS, load_run
@@ -25,6 +26,12 @@ pytestmark = pytest.mark.skipif(not interpreting(), reason="CLI tests describe t
 
 
 def moebench(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The command through its entry point, in this process (``helpers.moebench_in_process``)."""
+    return moebench_in_process(*args, cwd=cwd or ROOT)
+
+
+def moebench_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """The command in a fresh interpreter, for what only a new process shows."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "moebench", *args], capture_output=True, text=True, env=env,
                           cwd=cwd or ROOT, timeout=600)
