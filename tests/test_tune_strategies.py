@@ -153,3 +153,15 @@ def test_the_replay_refuses_to_time_a_config_never_compiled():
         bench.time({1: [cfg]}, "screen")
     bench.compile([cfg])
     assert bench.time({1: [cfg]}, "screen")[1][0].ok
+
+
+def test_the_command_offers_every_strategy_and_its_options():
+    """`tune --strategy` reads its choices from STRATEGIES and `--option`'s help names each strategy's options,
+    so a strategy added to the registry needs no second edit."""
+    from moebench.cli.tune import tune as tune_command
+    from moebench.tune.strategies import STRATEGIES
+
+    params = {p.name: p for p in tune_command.params}
+    assert list(params["strategy"].type.choices) == list(STRATEGIES)
+    for name, module in STRATEGIES.items():
+        assert f"{name}: {', '.join(module.Options.__dataclass_fields__)}" in params["options"].help

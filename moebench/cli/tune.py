@@ -11,6 +11,12 @@ from moebench.cli.console import FORMATS, emit, load_run_warned, note, out_conso
 from moebench.cli.shape import one_shape, shape_options, token_counts
 from moebench.errors import UserError
 from moebench.tables.formats import FORMATS as LAYOUTS
+from moebench.tune.space import SPACES
+from moebench.tune.strategies import DEFAULT as DEFAULT_STRATEGY
+from moebench.tune.strategies import STRATEGIES
+
+# each strategy's options, for --option's help: read from the dataclass each strategy declares
+STRATEGY_OPTIONS = "; ".join(f"{name}: {', '.join(m.Options.__dataclass_fields__)}" for name, m in STRATEGIES.items())
 
 
 def _options(pairs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
@@ -48,15 +54,15 @@ def summary_rows(result) -> list[dict]:
 @click.option("--dtype", default=None, help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128. "
                                             "[default: bf16; without a GPU fp16]")
 @click.option("--path", "path_name", default="triton-classic", show_default=True,
-              type=click.Choice(["triton-classic", "triton"]),
+              type=click.Choice(list(SPACES)),
               help="The kernel: triton-classic (the engines' form; its tables are what export-configs writes for "
                    "vLLM and SGLang) or triton (moebench's own).")
 @click.option("--m", "ms", default=None,
               help="Token counts, comma list. [default: vLLM's 18: 1,2,4,...,3072,4096]")
-@click.option("--strategy", default="fast", show_default=True, type=click.Choice(["fast", "exhaustive"]),
+@click.option("--strategy", default=DEFAULT_STRATEGY, show_default=True, type=click.Choice(list(STRATEGIES)),
               help="fast: cost-model seeds, a local search, the best few re-timed; exhaustive: every pruned config.")
 @click.option("--option", "options", multiple=True, metavar="NAME=N",
-              help="A strategy option, repeatable (fast: top, lead, climbs, final; exhaustive: final, limit).")
+              help=f"A strategy option, repeatable ({STRATEGY_OPTIONS}).")
 @click.option("--no-prune", is_flag=True, help="Keep configs the pruning rules would drop (only unrunnable ones go).")
 @click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
 @click.option("--ray", "ray_address", default=None, is_flag=False, flag_value="auto", metavar="[ADDRESS]",

@@ -13,10 +13,13 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from moebench.problem import Problem
 from moebench.tile import TileConfig
 from moebench.workers.task import Pool, Task
+
+if TYPE_CHECKING:  # annotations only: strategies, and so --strategy's choices, load no torch
+    from moebench.problem import Problem
 
 CHUNK = 48  # configs per timing task: a hang or a crash costs at most this many, which are then run one by one
 COMPILE_TIMEOUT_S = 300.0

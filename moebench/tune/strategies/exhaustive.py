@@ -7,9 +7,12 @@ each config at each M where the rules keep it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from moebench.tune.bench import Bench, fastest
-from moebench.tune.candidates import Candidates
+
+if TYPE_CHECKING:  # annotations only: the registry, read by --strategy, loads no torch
+    from moebench.tune.candidates import Candidates
 
 
 @dataclass(frozen=True)
