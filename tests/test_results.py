@@ -11,7 +11,16 @@ import pytest
 
 from moebench.errors import UserError, os_error_line
 from moebench.store.atomic import write_text_atomic
+from moebench.store.rows import Row
 from moebench.store.runfolder import META_FILE, ROWS_FILE, ensure_out_dir, load_run
+
+ROW = Row(model="tiny", experts=8, hidden=64, intermediate=32, topk=2, moe_layers=1, M=1, dtype="fp16",
+          path="torch", routing="uniform", seed=0).as_dict()
+
+
+def _line(m: int) -> str:
+    """One row of rows.jsonl, at M = ``m``, with its newline."""
+    return json.dumps({**ROW, "M": m}) + "\n"
 
 
 def _umask() -> int:
@@ -46,11 +55,11 @@ def _run(tmp_path, rows_text: str):
 
 def test_a_torn_last_row_is_left_out_with_a_warning(tmp_path):
     """The line a killed run was writing has no newline after it: the rows before it load."""
-    _, df = load_run(_run(tmp_path, '{"M": 1}\n{"M": 2}\n{"M": 3, "pa'))
+    _, df = load_run(_run(tmp_path, _line(1) + _line(2) + '{"M": 3, "pa'))
     assert df["M"].tolist() == [1, 2]
     (warning,) = df.attrs["warnings"]
     assert "line 3 is cut short" in warning
-    _, whole = load_run(_run(tmp_path / "b", '{"M": 1}\n'))
+    _, whole = load_run(_run(tmp_path / "b", _line(1)))
     assert whole.attrs["warnings"] == []
 
 
@@ -58,7 +67,7 @@ def test_a_committed_run_with_gzipped_rows_loads_as_it_is(tmp_path):
     """rows.jsonl.gz stands in for rows.jsonl (committed runs keep their rows compressed); damage is one line."""
     run = _run(tmp_path, "")
     (run / ROWS_FILE).unlink()
-    (run / (ROWS_FILE + ".gz")).write_bytes(gzip.compress(b'{"M": 1}\n{"M": 2}\n'))
+    (run / (ROWS_FILE + ".gz")).write_bytes(gzip.compress((_line(1) + _line(2)).encode()))
     _, df = load_run(run)
     assert df["M"].tolist() == [1, 2]
     (run / (ROWS_FILE + ".gz")).write_bytes(b"plain text, not gzip")
@@ -67,8 +76,8 @@ def test_a_committed_run_with_gzipped_rows_loads_as_it_is(tmp_path):
 
 
 @pytest.mark.parametrize("text, fragment", [
-    ('{"M": 1}\n{"M": 2, "pa\n{"M": 3}\n', "line 2 is not JSON"),  # damage inside the file is not a torn end
-    ('{"M": 1}\n[1, 2]\n', "line 2 is not a JSON object"),
+    (_line(1) + '{"M": 2, "pa\n' + _line(3), "line 2 is not JSON"),  # damage inside the file is not a torn end
+    (_line(1) + "[1, 2]\n", "line 2 is not a JSON object"),
 ])
 def test_a_damaged_row_inside_the_file_is_an_error_naming_its_line(tmp_path, text, fragment):
     with pytest.raises(UserError, match=fragment):

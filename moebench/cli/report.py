@@ -11,7 +11,7 @@ import click
 
 from moebench.cli.console import FORMATS, emit, note, out_console
 
-TABLES = ("throughput", "ttft", "cold_start")
+TABLES = ("throughput", "ttft", "tuned", "cold_start")
 
 
 def load_runs(paths):
@@ -24,33 +24,41 @@ def load_runs(paths):
     return loaded
 
 
-def print_tables(df, fmt: str, out, which: str | None = None, traces=()) -> None:
+def print_tables(df, fmt: str, out, which: str | None = None, traces=(), tuned=None) -> None:
     """The throughput table (for an interpreter run: its check against the fp32 reference), for GPU rows at
-    prefill-sized M the TTFT table, and for trace runs the cold-start table; ``which`` keeps one. CSV is
-    always one table (throughput unless ``which`` says another); JSON holds the tables under their names."""
+    prefill-sized M the TTFT table, for tune runs the tuned table (``tuned``: ``report.tuned.tuned_table``) and
+    for trace runs the cold-start table; ``which`` keeps one. CSV is always one table (throughput unless
+    ``which`` says another); JSON holds the tables under their names. A tune's failed candidates are counted on
+    stderr; a sweep's failed points are listed under the tables."""
     import json
 
     from rich.text import Text
 
     from moebench.report import tables as report
+    from moebench.report.tuned import failures_line, tune_rows
 
     tables = {"throughput": report.throughput_table(df), "ttft": report.prefill_ttft_table(df)}
+    if tuned is not None and len(tuned):
+        tables["tuned"] = tuned
     if traces:
         tables["cold_start"] = report.cold_start_table(traces)
     if which:
         if which not in tables:
             from moebench.errors import UserError
 
-            raise UserError(f"--table {which}: no run named has that table (it needs a trace run folder)")
+            needs = {"tuned": "a tune's run folder, with its best.json"}.get(which, "a trace run folder")
+            raise UserError(f"--table {which}: no run named has that table (it needs {needs})")
         tables = {which: tables[which]}
     if fmt == "table":
         titles = {"throughput": "Correctness (CPU interpreter)" if report.is_interpreter_run(df)
                   else "Throughput (MoE layer)", "ttft": "MoE share of time-to-first-token",
+                  "tuned": "Tuned config against the untuned default (speedup = default_us / time_us)",
                   "cold_start": "Cold start of the MoE kernels (trace)"}
         for name, table in tables.items():
             if len(table) or which or (name == "throughput" and not traces):
                 report.render(table, "table", titles[name], console=out)
-        for _, r in df[df["status"] != "ok"].iterrows() if len(df) else ():
+        failed = df[(df["status"] != "ok") & ~tune_rows(df)] if len(df) else df
+        for _, r in failed.iterrows():
             line = Text(str(r["status"]), style="yellow")
             line.append(f": {r['model']} {r['dtype']} M={r['M']} {r['path']}: {r['error']}")
             out.print(line)
@@ -59,6 +67,8 @@ def print_tables(df, fmt: str, out, which: str | None = None, traces=()) -> None
     else:
         click.echo(json.dumps({name: json.loads(report.render(t, "json", name)) for name, t in tables.items()},
                               indent=2))
+    if len(df) and (line := failures_line(df)):
+        note(line)
 
 
 @click.command()
@@ -86,7 +96,9 @@ def report(runs, fmt, which, gains, html_out):
         write_html(loaded, html_out)
         note(f"report page: {html_out}")
     if not gains:
-        print_tables(df, fmt, out_console(), which, loaded.traces)
+        from moebench.report.tuned import tuned_table
+
+        print_tables(df, fmt, out_console(), which, loaded.traces, tuned_table(loaded))
         return
     if rep.is_interpreter_run(df):
         raise UserError("--gains sets GPU timings side by side; these rows come from the CPU interpreter, whose "

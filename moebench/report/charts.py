@@ -12,7 +12,6 @@ timings say nothing about a GPU, so they get no timing chart. Every caption says
 from __future__ import annotations
 
 import io
-import json
 import math
 import os
 import re
@@ -30,9 +29,10 @@ from moebench.errors import UserError
 from moebench.report import tables as report
 from moebench.report.runs import Run, Runs
 from moebench.report.trace_chart import trace_chart
+from moebench.report.tuned import BEST_FILE, TUNED_COLUMNS, tuned_table
 
-BEST_FILE = "best.json"  # what a tune writes (moebench.tune.run.BEST_FILE; that module loads torch)
-TUNED_COLUMNS = ["model", "dtype", "kernel", "M", "time_us", "default_us", "speedup", "run"]
+__all__ = ["BEST_FILE", "TUNED_COLUMNS", "Chart", "charts", "tuned_table", "write_charts"]
+
 
 PANEL_W, PANEL_H = 4.3, 3.3  # inches per model panel
 MAX_COLS = 3  # panels side by side; more models wrap onto a grid
@@ -73,39 +73,6 @@ class _Series:
     y: list
     order: tuple = ()  # where its legend entry goes
     flags: list = field(default_factory=list)  # per point: False where the point failed its check
-
-
-# ---- tables not in moebench.report.tables ----------------------------------------------------------------------
-
-def tuned_table(runs: Runs) -> pd.DataFrame:
-    """Per tune run (meta ``"tune": true`` and a ``best.json``) and M: the chosen config's time, the untuned
-    default's, and ``speedup = default_us / time_us`` (NaN where either was not timed)."""
-    records = []
-    for run in runs.runs:
-        file = run.path / BEST_FILE
-        if not run.meta.get("tune") or not file.is_file():
-            continue
-        try:
-            best = json.loads(file.read_text(encoding="utf-8"))
-            configs = best["configs"]
-            entries = sorted(((int(m), v if isinstance(v, dict) else {}) for m, v in configs.items()),
-                             key=lambda e: e[0])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise UserError(f"{file}: not a tune's {BEST_FILE} ({type(e).__name__}: {e})") from None
-        model = best.get("model") or (best.get("shape") or {}).get("name")
-        for m, v in entries:
-            t, d = _positive(v.get("time_us")), _positive(v.get("default_us"))
-            records.append({"model": model, "dtype": best.get("dtype"), "kernel": best.get("kernel"), "M": m,
-                            "time_us": t, "default_us": d, "speedup": d / t, "run": run.label})  # NaN stays NaN
-    return pd.DataFrame(records, columns=TUNED_COLUMNS)
-
-
-def _positive(v: object) -> float:
-    try:
-        f = float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return math.nan
-    return f if math.isfinite(f) and f > 0 else math.nan
 
 
 # ---- the charts ------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ from moebench.store.runfolder import (
     status_warning,
 )
 
+BEST_FILE = "best.json"  # what a tune writes (moebench.tune.run.BEST_FILE; that module loads torch)
+
 
 @dataclass(frozen=True)
 class Run:
@@ -46,6 +48,11 @@ class Run:
     @property
     def interpreter(self) -> bool:
         return bool(self.meta.get("interpreter"))
+
+    @property
+    def empty(self) -> bool:
+        """No rows, and no tune's choice (``best.json``) either: nothing a report can show."""
+        return self.rows.empty and not (self.meta.get("tune") and (self.path / BEST_FILE).is_file())
 
     @property
     def device(self) -> str:
@@ -118,18 +125,26 @@ def ceilings_text(ceilings: dict | list[dict | None] | None) -> str:
 def run_folders(path: Path) -> list[Path]:
     """``path`` itself where it is a run folder, else the run folders directly inside it (a baseline).
 
-    UserError where it is neither: no such folder, or a folder with no run in it.
+    UserError where it is neither: no such folder, JSON Lines with no ``meta.json`` (a probe's or an A/B's
+    records, which are no run), a folder of folders of runs (named, to be given one by one), or nothing.
     """
     path = Path(path)
     if not path.is_dir():
         raise UserError(f"no run folder at {path}")
-    if (path / META_FILE).is_file() or rows_file(path).is_file():
+    if (path / META_FILE).is_file():
         return [path]
     inner = sorted(p.parent for p in path.glob(f"*/{META_FILE}") if rows_file(p.parent).is_file())
-    if not inner:
-        raise UserError(f"{path} is not a moebench run folder (needs {META_FILE} and {ROWS_FILE}) "
-                        "nor a folder of run folders")
-    return inner
+    if inner:
+        return inner
+    needs = f"needs {META_FILE} and {ROWS_FILE}"
+    if lines := sorted(p.name for p in path.glob("*.jsonl*")):
+        raise UserError(f"{path} holds JSON Lines ({', '.join(lines[:2])}{', ...' if len(lines) > 2 else ''}) but "
+                        f"no {META_FILE}: records of a probe or an A/B, not a moebench run folder ({needs})")
+    nested = sorted({p.parent.parent.relative_to(path).as_posix() for p in path.glob(f"*/*/{META_FILE}")})
+    if nested:
+        raise UserError(f"{path} holds folders of run folders, not runs: name them one by one "
+                        f"({', '.join(str(path / n) for n in nested[:3])})")
+    raise UserError(f"{path} is not a moebench run folder ({needs}) nor a folder of run folders")
 
 
 def load_one(path: Path) -> tuple[Run, list[str]]:
@@ -147,11 +162,20 @@ def load_one(path: Path) -> tuple[Run, list[str]]:
 
 
 def load(paths: list[Path] | tuple[Path, ...]) -> Runs:
-    """Every run under ``paths`` (run folders, or folders of run folders), in the order given."""
+    """Every run under ``paths`` (run folders, or folders of run folders), in the order given.
+
+    A run with no rows (an empty rows.jsonl; a tune's choice in best.json counts as a row) gets a warning;
+    runs that together hold none are a UserError: every command that reads runs needs rows to read.
+    """
     runs, warnings = [], []
     for p in paths:
         for folder in run_folders(Path(p)):
             run, w = load_one(folder)
             runs.append(run)
             warnings += w
+            if run.empty:
+                warnings.append(f"warning: run {folder}: no rows ({rows_file(folder).name} is empty)")
+    if all(run.empty for run in runs):
+        names = ", ".join(str(p) for p in paths)
+        raise UserError(f"{names}: no rows: the run recorded no point ({ROWS_FILE} is empty), nothing to read")
     return Runs(tuple(runs), tuple(warnings))

@@ -71,15 +71,24 @@ def _is_missing(v: object) -> bool:
         return False
 
 
+def _reported_phase(df: pd.DataFrame) -> pd.Series:
+    """Per row: False for a tune's screening, default and check timings, which rank or gauge candidates; a
+    tune's ``final`` re-timings (the kept candidates, the chosen config among them) and every sweep row stay."""
+    if "phase" not in df.columns:
+        return pd.Series(True, index=df.index, dtype=bool)
+    return df["phase"].map(lambda v: not isinstance(v, str) or v == "final").astype(bool)
+
+
 def _best_ok_points(df: pd.DataFrame, checked: bool = False) -> pd.DataFrame:
     """Status-ok rows, one per (model, dtype, M, path): the fastest where a run holds several.
 
     Several rows per point come from tile configs tried while tuning or from
-    several routing distributions; the table shows what the path achieved.
+    several routing distributions; the table shows what the path achieved (of a tune, its final re-timings:
+    a screening timing is too short to report).
     With ``checked``, interpreter rows that failed their check stay too (after any ok row of
     their point): what an interpreter run shows is whether each point is correct.
     """
-    keep = df["status"] == "ok"
+    keep = (df["status"] == "ok") & _reported_phase(df)
     if checked:
         keep |= (df["status"] == "incorrect") & interpreter_rows(df)
     ok = df[keep]
@@ -202,7 +211,7 @@ def gains_table(df: pd.DataFrame) -> pd.DataFrame:
     Where the rows carry a ``commit`` (the git commit of their run) and the best rows come from more than
     one, a last column names each point's, so a table drawn from several runs says which kernels made it.
     """
-    ok = df[(df["status"] == "ok") & df["time_us"].notna()]
+    ok = df[(df["status"] == "ok") & df["time_us"].notna() & _reported_phase(df)]
     tri = ok[ok["path"] == "triton"]
     if tri.empty:
         return pd.DataFrame(columns=GAINS_COLUMNS)

@@ -4,12 +4,13 @@ A ``Row`` is one benchmark point run on one path with one tile config: what was
 run (the problem, the path, the config), what happened (status, the check
 against the float32 reference, the error), and what was measured (time,
 roofline figures). Its fields, in order, are the columns every row carries
-(``runfolder.ROW_COLUMNS``); ``as_dict`` is the record written to disk.
+(``runfolder.ROW_COLUMNS``); ``as_dict`` is the record written to disk, and ``check_row`` the test a record read back
+from disk passes (the fields without a default present, every field of its declared type).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -99,3 +100,54 @@ class Row:
     def as_dict(self) -> dict:
         """The record as written to ``rows.jsonl``: every column, in order."""
         return asdict(self)
+
+
+# ---- a record read back -------------------------------------------------------------------------------
+
+# The JSON types each annotation names: a float column takes an integer too (JSON writes 2.0 as 2.0, but other
+# writers may not); bool is never an int here, though Python counts it as one.
+_JSON_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "dict": (dict,)}
+_CHOICES = {"status": STATUSES, "phase": PHASES, "failure": FAILURES}
+
+
+def _field_types() -> dict[str, tuple[tuple[type, ...], bool, bool]]:
+    """Per field of Row: (accepted JSON types, None accepted, required: no default)."""
+    out = {}
+    for f in fields(Row):
+        names = [n.strip() for n in str(f.type).split("|")]
+        types = tuple(t for n in names if n != "None" for t in _JSON_TYPES[n])
+        required = f.default is MISSING and f.default_factory is MISSING
+        out[f.name] = (types, "None" in names, required)
+    return out
+
+
+_FIELD_TYPES = _field_types()
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else {dict: "object", list: "array", str: "string"}.get(type(value),
+                                                                                         type(value).__name__)
+
+
+def check_row(record: dict) -> str | None:
+    """What makes ``record`` (one line of a rows.jsonl) no ``Row``, naming the field; None where it is one.
+
+    A field with a default may be absent (rows written before it existed); columns Row does not declare are
+    let through (a ``bounds`` run adds its own).
+    """
+    for name, (types, nullable, required) in _FIELD_TYPES.items():
+        if name not in record:
+            if required:
+                return f"field {name!r} is missing (not a moebench benchmark row)"
+            continue
+        value = record[name]
+        if value is None:
+            if nullable:
+                continue
+            return f"field {name!r} is null"
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            expected = " or ".join(dict.fromkeys(_type_name(t()) for t in types))
+            return f"field {name!r} is {_type_name(value)} {value!r:.40}, expected {expected}"
+        if name in _CHOICES and value not in _CHOICES[name]:
+            return f"field {name!r} is {value!r:.40}, expected one of {', '.join(_CHOICES[name])}"
+    return None

@@ -26,7 +26,7 @@ import pandas as pd
 
 from moebench.errors import UserError, one_line
 from moebench.store.atomic import write_json_atomic
-from moebench.store.rows import Row
+from moebench.store.rows import Row, check_row
 
 SCHEMA_VERSION = 1
 META_FILE = "meta.json"
@@ -112,7 +112,12 @@ class RunWriter:
         if torn:
             self.warnings.append(torn)
         if rows_path.is_file():
-            self.kept, _ = read_rows(rows_path)  # no torn row is left to warn about
+            check = check_row if self.columns == ROW_COLUMNS else None
+            try:
+                self.kept, _ = read_rows(rows_path, check)  # no torn row is left to warn about
+            except BadRowsLine as e:
+                raise UserError(f"{e}; cannot resume: remove line {e.line} of {rows_path} to keep the other rows, "
+                                "or start a new run folder with --fresh") from None
         record = {"at": _now(), "previous_status": run_status(old), "rows_kept": len(self.kept)}
         record.update({k: old[k] for k in ("stopped_by", "error") if k in old})
         if old.get("host") != process["host"]:
@@ -201,7 +206,8 @@ def load_run(path: Path | str) -> tuple[dict, pd.DataFrame]:
     """(meta, rows) of a run folder. Raises UserError for a folder that is not a run.
 
     A last line of rows.jsonl cut short (a run killed while appending) is left out, and
-    ``df.attrs["warnings"]`` says so; any other line that is not JSON is an error naming it.
+    ``df.attrs["warnings"]`` says so; any other line that is not JSON, or (but in a trace's folder, whose rows
+    are requests) not a ``Row`` (``rows.check_row``), is an error naming the file, the line and the field.
     """
     path = Path(path)
     meta_path, rows_path = path / META_FILE, rows_file(path)
@@ -212,7 +218,7 @@ def load_run(path: Path | str) -> tuple[dict, pd.DataFrame]:
         hint = f"; run folders inside it: {', '.join(inner[:3])}{', ...' if len(inner) > 3 else ''}" if inner else ""
         raise UserError(f"{path} is not a moebench run folder (needs {META_FILE} and {ROWS_FILE}){hint}")
     meta = read_meta(meta_path)
-    rows, warnings = read_rows(rows_path)
+    rows, warnings = read_rows(rows_path, None if meta.get("kind") == "trace" else check_row)
     df = pd.DataFrame(rows, columns=list(ROW_COLUMNS) if not rows else None)
     for col in ROW_COLUMNS:
         if col not in df.columns:
@@ -228,8 +234,21 @@ def rows_file(run_dir: Path) -> Path:
     return packed if not plain.exists() and packed.is_file() else plain
 
 
-def read_rows(rows_path: Path) -> tuple[list[dict], list[str]]:
-    """The rows of a rows.jsonl (or its gzip), and warnings: a torn last line (no newline after it) is skipped."""
+class BadRowsLine(UserError):
+    """A line of a rows file that is no row: not JSON, not an object, or failing the row check. ``path`` and
+    ``line`` (from 1) say where, so a command that cannot go on past it can say what to remove."""
+
+    def __init__(self, path: Path, line: int, why: str):
+        super().__init__(f"{path}: line {line} {why}")
+        self.path, self.line = path, line
+
+
+def read_rows(rows_path: Path, check=None) -> tuple[list[dict], list[str]]:
+    """The rows of a rows.jsonl (or its gzip), and warnings: a torn last line (no newline after it) is skipped.
+
+    ``check`` (a record -> the reason it is no row, or None; ``rows.check_row``) runs on every row; a line
+    that is not a JSON object or fails it is a ``BadRowsLine``.
+    """
     try:
         data = rows_path.read_bytes()
         text = (gzip.decompress(data) if rows_path.suffix == ".gz" else data).decode("utf-8")
@@ -247,9 +266,11 @@ def read_rows(rows_path: Path) -> tuple[list[dict], list[str]]:
                 warnings.append(f"warning: {rows_path}: line {n} is cut short (the run stopped while writing it); "
                                 "left out")
                 continue
-            raise UserError(f"{rows_path}: line {n} is not JSON ({e.msg})") from None
+            raise BadRowsLine(rows_path, n, f"is not JSON ({e.msg})") from None
         if not isinstance(row, dict):
-            raise UserError(f"{rows_path}: line {n} is not a JSON object")
+            raise BadRowsLine(rows_path, n, "is not a JSON object")
+        if check is not None and (why := check(row)):
+            raise BadRowsLine(rows_path, n, f"is no row: {why}")
         rows.append(row)
     return rows, warnings
 
