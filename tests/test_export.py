@@ -10,6 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from helpers import moebench_in_process
 
 from moebench.cli import main as cli
 from moebench.errors import UserError
@@ -329,3 +330,20 @@ def test_moebench_file_names_say_what_they_are():
     # the documented name: the format first, moebench's dtype name (fp8 schemes apart), the device as recorded
     assert name == "moebench-tiles_E=8,N=14336,device_name=NVIDIA_H200_NVL,dtype=fp8-channel.json"
     assert name != tiles.file_name(8, 14336, "NVIDIA H200 NVL", "fp8-tensor")
+
+
+# ---- the committed H200 tune of the engines' form --------------------------------------------------------
+
+H200_TUNE = Path(__file__).resolve().parent.parent / "results" / "h200-tune-classic-54407e6"
+
+
+@pytest.mark.parametrize("layout", ["vllm", "sglang"])
+def test_the_committed_h200_tune_exports_qwen3s_table_at_18_M(tmp_path, layout):
+    """The committed run (rows gzipped, as it is) exports one file per engine for Qwen3-30B-A3B's experts
+    (E=128, N=768), holding the 18 M the tune covered."""
+    out = tmp_path / "out"
+    done = moebench_in_process("export-configs", str(H200_TUNE), "--out", str(out), "--layout", layout)
+    assert done.returncode == 0, done.stderr
+    (file,) = [Path(p) for p in done.stdout.splitlines() if p.endswith(".json") and not p.endswith(SIDECAR)]
+    assert file.name.startswith("E=128,N=768,") and "H200" in file.name
+    assert [int(k) for k in json.loads(file.read_text()) if k.isdigit()] == VLLM_BATCH_SIZES

@@ -314,3 +314,85 @@ def test_the_printed_ttft_table_is_gpu_prefill_only():
     t = prefill_ttft_table(pd.concat([sample(), _cpu_rows().assign(M=4096)], ignore_index=True))
     assert set(t["prompt_len"]) == {128, 512, 4096} and t.attrs["caption"] == TTFT_NOTE  # no interpreter warning
     pd.testing.assert_frame_equal(t, ttft_table(sample()))  # the GPU rows' table, unchanged
+
+
+# ---- rows read back: checked against the schema ---------------------------------------------------------
+
+def _rec(**over) -> dict:
+    """A whole row as a run writes it (``row`` and its seed)."""
+    return {"seed": 0, **row(**over)}
+
+
+def _folder(tmp_path, lines: list[str], **meta):
+    """A run folder whose rows.jsonl holds ``lines`` as they are."""
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    (run / "meta.json").write_text(json.dumps({"schema_version": 1, "status": "complete", **meta}))
+    (run / "rows.jsonl").write_text("".join(line + "\n" for line in lines))
+    return run
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ({"M": "16"}, "line 2 is no row: field 'M' is string '16', expected int"),  # once a TypeError traceback
+    ({"time_us": "fast"}, "line 2 is no row: field 'time_us' is string 'fast', expected int or float"),
+    ({"status": "great"}, "line 2 is no row: field 'status' is 'great', expected one of ok,"),
+])
+def test_a_wrong_typed_row_is_one_line_naming_file_line_and_field(tmp_path, bad, fragment):
+    from helpers import moebench_in_process
+
+    run = _folder(tmp_path, [json.dumps(_rec()), json.dumps(_rec(**bad))])
+    done = moebench_in_process("report", str(run))
+    assert (done.returncode, done.stdout) == (2, "")
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"error: {run / 'rows.jsonl'}: {fragment}")
+
+
+def test_rows_of_another_schema_are_refused_not_printed_as_none(tmp_path):
+    """Once: 'None: None None M=None' and exit 0."""
+    from helpers import moebench_in_process
+
+    run = _folder(tmp_path, [json.dumps({"name": "probe", "us": 3.5})])
+    done = moebench_in_process("report", str(run))
+    assert done.returncode == 2 and "None" not in done.stdout
+    assert done.stderr.strip() == (f"error: {run / 'rows.jsonl'}: line 1 is no row: field 'model' is missing "
+                                   "(not a moebench benchmark row)")
+
+
+@pytest.mark.parametrize("command", [("report",), ("report", "--format", "csv"), ("compare", "--by", "path"),
+                                     ("plot", "--out", "plots")])
+def test_a_run_with_no_rows_says_so_in_one_line(tmp_path, command):
+    """Every command that reads runs needs rows: an empty rows.jsonl is one error line, exit 2."""
+    from helpers import moebench_in_process
+
+    run = _folder(tmp_path, [])
+    done = moebench_in_process(command[0], str(run), *command[1:], cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.strip().splitlines()[-1] == (f"error: {run}: no rows: the run recorded no point "
+                                                    "(rows.jsonl is empty), nothing to read")
+
+
+def test_an_empty_run_beside_others_is_a_warning(tmp_path):
+    from helpers import moebench_in_process
+
+    base = tmp_path / "baseline"
+    base.mkdir()
+    _folder(tmp_path / "a", [json.dumps(_rec())]).rename(base / "full")
+    _folder(tmp_path / "b", []).rename(base / "empty")
+    done = moebench_in_process("report", str(base), "--format", "csv")
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 2
+    assert f"warning: run {base / 'empty'}: no rows (rows.jsonl is empty)" in done.stderr
+
+
+def test_a_tune_reports_its_failed_candidates_as_a_count_on_stderr(tmp_path):
+    """Failed candidates are part of a tune's search: counted on stderr, not listed as error lines on stdout;
+    the throughput table takes the final re-timings, not the shorter screening ones."""
+    from helpers import moebench_in_process
+
+    lines = [row(M=16, phase="screen", time_us=50.0), row(M=16, phase="final", time_us=80.0),
+             *[row(M=16, status="error", time_us=None, failure="resources", error="OutOfResources: smem")] * 3,
+             row(M=16, status="error", time_us=None, failure="compile", error="CompilationError")]
+    run = _folder(tmp_path, [json.dumps({"seed": 0, **r}) for r in lines], tune=True)
+    done = moebench_in_process("report", str(run))
+    assert done.returncode == 0 and "error" not in done.stdout and "80.0" in done.stdout
+    assert done.stderr.strip() == ("4 tuning candidate(s) of 6 failed (resources 3, compile 1); the run's rows "
+                                   "hold their errors")

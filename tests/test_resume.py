@@ -176,6 +176,32 @@ def test_a_sweep_that_raises_is_marked_failed_and_fresh_starts_a_new_folder(tmp_
     assert fresh != run and len(load_run(fresh)[1]) == 2
 
 
+def test_a_garbage_line_inside_the_rows_stops_a_resume_saying_what_to_do(tmp_path):
+    """A damaged line that is not the last (not a torn end) cannot be cut off: the resume stops in one line
+    naming the file and line, and the ways forward (remove it, or --fresh) both work."""
+    spec = SweepSpec("t", (Block((TINY,), (1, 2, 3), ("fp16",), ("torch",)),))
+    seen = []
+
+    def stop_after_two(row):
+        seen.append(row)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(Interrupted) as info:
+        run_sweep(spec, tmp_path, on_row=stop_after_two)
+    run = info.value.run_dir
+    rows = run / ROWS_FILE
+    first, second = rows.read_text().splitlines()
+    rows.write_text(f"{first}\nnot json at all\n{second}\n")
+    with pytest.raises(UserError) as refused:
+        run_sweep(spec, tmp_path)
+    assert str(refused.value) == (f"{rows}: line 2 is not JSON (Expecting value); cannot resume: remove line 2 of "
+                                  f"{rows} to keep the other rows, or start a new run folder with --fresh")
+    assert run_sweep(spec, tmp_path, resume=False) != run  # --fresh
+    rows.write_text(f"{first}\n{second}\n")  # the line removed
+    assert run_sweep(spec, tmp_path) == run and sorted(load_run(run)[1]["M"]) == [1, 2, 3]
+
+
 # --- the command line, killed for real (CPU: the interpreter's rows take long enough to stop a run between) ---
 
 SWEEP = ("sweep", "--model", "tiny", "--m", "1,2,3", "--dtype", "fp16", "--path", "triton", "--no-progress")
