@@ -4,6 +4,7 @@ whole; and, where chromium is installed, a real browser draws it."""
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 import shutil
@@ -23,6 +24,11 @@ from moebench.report.page import render_html, write_html
 
 DATA = Path(__file__).resolve().parent / "data"
 KERNELS = DATA / "h200-kernels"  # 56 ok rows (triton and cutlass), 14 unsupported, TTFT-sized M
+
+
+def _kernel_rows_text() -> str:
+    """The kernels run's rows as text (the fixture keeps them gzipped)."""
+    return gzip.decompress((KERNELS / "rows.jsonl.gz").read_bytes()).decode()
 QUICK = DATA / "h200-quick"  # another commit and other ceilings, for a page of two runs
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 INJECTED = "<b>injected</b>"  # text from a row that must come out as text, not markup
@@ -104,7 +110,7 @@ def cells(table: pd.DataFrame) -> list[list[str]]:
 def interpreter_run(folder: Path) -> Path:
     """A CPU-interpreter run folder by hand, from rows of the kernels run: four checked points, one that failed
     its check (its error carries markup) and one the path cannot run."""
-    rows = [json.loads(line) for line in (KERNELS / "rows.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in _kernel_rows_text().splitlines()]
     picked = [r for r in rows if r["model"] == "mixtral-8x7b" and r["dtype"] == "bf16" and r["M"] in (1, 4)]
     assert len(picked) == 4 and all(r["status"] == "ok" for r in picked)  # the case has what it claims
     cpu = dict(interpreter=True, device_name="cpu (x86_64)", timing_method="interpreter wall clock",
@@ -232,7 +238,7 @@ def test_a_tune_run_shows_its_tuned_table(tmp_path):
     shutil.copy(KERNELS / "meta.json", folder / "meta.json")
     meta = json.loads((folder / "meta.json").read_text())
     (folder / "meta.json").write_text(json.dumps({**meta, "tune": True}))
-    (folder / "rows.jsonl").write_text((KERNELS / "rows.jsonl").read_text().splitlines()[0] + "\n")
+    (folder / "rows.jsonl").write_text(_kernel_rows_text().splitlines()[0] + "\n")
     best = {"model": "mixtral-8x7b", "dtype": "bf16", "kernel": "triton",
             "configs": {"1": {"config": {}, "time_us": 150.0, "default_us": 180.0},
                         "16": {"config": {}, "time_us": 600.0, "default_us": None}}}
@@ -249,7 +255,7 @@ def test_a_run_that_did_not_run_through_is_flagged(tmp_path):
     folder.mkdir()
     meta = json.loads((KERNELS / "meta.json").read_text())
     (folder / "meta.json").write_text(json.dumps({**meta, "status": "interrupted", "stopped_by": "SIGTERM"}))
-    shutil.copy(KERNELS / "rows.jsonl", folder / "rows.jsonl")
+    (folder / "rows.jsonl").write_text(_kernel_rows_text())
     loaded = runs.load([folder])
     assert loaded.warnings and "SIGTERM" in loaded.warnings[0]
     boxes = Page(render_html(loaded, charts=[])).warnings
