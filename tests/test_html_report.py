@@ -24,16 +24,15 @@ from moebench.report.page import render_html, write_html
 
 DATA = Path(__file__).resolve().parent / "data"
 KERNELS = DATA / "h200-kernels"  # 56 ok rows (triton and cutlass), 14 unsupported, TTFT-sized M
-
 QUICK = DATA / "h200-quick"  # another commit and other ceilings, for a page of two runs
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+INJECTED = "<b>injected</b>"  # text from a row that must come out as text, not markup
+CHROMIUM = "/usr/bin/chromium"
 
 
 def _kernel_rows_text() -> str:
     """The kernels run's rows as text (the fixture keeps them gzipped)."""
     return gzip.decompress((KERNELS / "rows.jsonl.gz").read_bytes()).decode()
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-INJECTED = "<b>injected</b>"  # text from a row that must come out as text, not markup
-CHROMIUM = "/usr/bin/chromium"
 
 
 class Page(HTMLParser):
