@@ -9,6 +9,8 @@ per point.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -57,6 +59,45 @@ class Problem:
             per_expert += 4 * 3 * -(-s.intermediate // 128) * -(-s.hidden // 128)
         activations = 2 * self.M * s.hidden * d.act_bytes
         return experts_touched * per_expert + activations
+
+    def bytes_needed(self, reference: bool = True) -> int:
+        """Bytes the point holds at once, at least: every expert's weights as ``make_weights`` builds them (fp8
+        ones in their activation dtype first), the inputs (x, top-k weights and ids), the output, and, with
+        ``reference``, the float32 reference's copy of x, its output and one expert's float32 weights."""
+        s, d = self.shape, self.spec
+        weight_bytes = d.act_bytes if d.is_fp8 else d.weight_bytes
+        weights = s.experts * 3 * s.intermediate * s.hidden * weight_bytes
+        inputs = self.M * s.hidden * d.act_bytes + self.M * s.topk * (4 + 4)
+        output = self.M * s.hidden * d.act_bytes
+        ref = 2 * self.M * s.hidden * 4 + 3 * s.intermediate * s.hidden * 4 if reference else 0
+        return weights + inputs + output + ref
+
+
+def memory_bytes(device: torch.device | str) -> int:
+    """The memory tensors on ``device`` can take: a GPU's total memory, or this machine's RAM for the CPU (the
+    Triton interpreter's device)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_fits(problems: Iterable[Problem], device: torch.device | str, reference: bool = True) -> None:
+    """UserError naming the first of ``problems`` whose ``bytes_needed`` exceed ``device``'s memory: called
+    before a command creates anything, so a size that cannot fit is one line, not an allocation failure."""
+    capacity = memory_bytes(device)
+    for p in problems:
+        needed = p.bytes_needed(reference)
+        if needed > capacity:
+            where = "this machine's memory" if torch.device(device).type == "cpu" else "the GPU's memory"
+            what = "weights, inputs, output" + (" and float32 reference" if reference else "")
+            raise UserError(f"{p.shape.name} {p.dtype} M={p.M} (experts={p.shape.experts}, hidden={p.shape.hidden}, "
+                            f"intermediate={p.shape.intermediate}) needs {_gib(needed)} ({what}), more than the "
+                            f"{_gib(capacity)} of {where}")
 
 
 @dataclass

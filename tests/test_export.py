@@ -347,3 +347,46 @@ def test_the_committed_h200_tune_exports_qwen3s_table_at_18_M(tmp_path, layout):
     (file,) = [Path(p) for p in done.stdout.splitlines() if p.endswith(".json") and not p.endswith(SIDECAR)]
     assert file.name.startswith("E=128,N=768,") and "H200" in file.name
     assert [int(k) for k in json.loads(file.read_text()) if k.isdigit()] == VLLM_BATCH_SIZES
+
+
+# ---- an export is written whole or not at all ------------------------------------------------------
+
+def _sidecar_rename_fails(monkeypatch) -> None:
+    """Renaming the sidecar into place raises ENOSPC naming no file, as a write on a full disk does."""
+    import errno
+    import os
+
+    from moebench.store import atomic
+
+    real = os.replace
+
+    def replace(src, dst):
+        if Path(dst).name == SIDECAR:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(src, dst)
+    monkeypatch.setattr(atomic.os, "replace", replace)
+
+
+def test_an_export_whose_sidecar_fails_leaves_no_table(tune_run, tmp_path, monkeypatch, capsys):
+    """The tables and the sidecar are one write: where the sidecar cannot be placed, no table is left for an
+    engine to load without its provenance, nor the folder made for them; the line names the sidecar."""
+    run, _ = tune_run
+    out = tmp_path / "out"
+    _sidecar_rename_fails(monkeypatch)
+    code, stdout, stderr = run_cli(monkeypatch, capsys, "export-configs", str(run), "--out", str(out),
+                                   "--layout", "sglang")
+    assert code == 2 and stdout == [] and stderr == [f"error: {out / SIDECAR}: No space left on device"]
+    assert not out.exists() and sorted(tmp_path.iterdir()) == [run]
+
+
+def test_an_export_that_fails_over_an_earlier_one_leaves_the_earlier_one(tune_run, tmp_path, monkeypatch, capsys):
+    """A second export into the same folder fails at its sidecar: the first export's table and sidecar are
+    there as they were, and nothing else."""
+    run, _ = tune_run
+    out = tmp_path / "out"
+    assert run_cli(monkeypatch, capsys, "export-configs", str(run), "--out", str(out))[0] == 0
+    before = {p: p.read_bytes() for p in out.rglob("*")}
+    other = write_run(tmp_path / "other", tune_rows("triton-classic", CLASSIC, ms=[1, 64]), git_commit="def5678")
+    _sidecar_rename_fails(monkeypatch)
+    assert run_cli(monkeypatch, capsys, "export-configs", str(other), "--out", str(out))[0] == 2
+    assert {p: p.read_bytes() for p in out.rglob("*")} == before

@@ -28,7 +28,7 @@ from moebench.measure.timer import graph_method
 from moebench.paths.base import MoEPath, Target
 from moebench.paths.registry import get_path
 from moebench.paths.torch_ref import moe_reference
-from moebench.problem import MoEInputs, Problem, make_inputs, make_weights
+from moebench.problem import MoEInputs, Problem, check_fits, make_inputs, make_weights
 from moebench.store.resume import find_resumable, request_key, row_identity, stopped_in
 from moebench.store.rows import Row
 from moebench.store.runfolder import RunWriter, new_run_dir
@@ -111,9 +111,16 @@ class SweepPlan:
 
 def validate(spec: SweepSpec, target: Target, pinned: Pinned | None = None,
              configs_dir: Path | None = None) -> SweepPlan:
-    """The sweep's plan on ``target``; UserError for a path that can run none of its problems here, or a
-    ``configs_dir`` that is not a folder."""
-    return SweepPlan.build(spec, target, pinned, lookup.check_dir(configs_dir))
+    """The sweep's plan on ``target``; UserError for a path that can run none of its problems here, a
+    ``configs_dir`` that is not a folder, or a point that cannot fit in the device's memory."""
+    plan = SweepPlan.build(spec, target, pinned, lookup.check_dir(configs_dir))
+    checked: dict[Problem, bool] = {}  # each problem that runs: whether a path checked against the reference runs it
+    for p in plan.points:
+        if p.reason is None:
+            checked[p.problem] = checked.get(p.problem, False) or not get_path(p.path_name).baseline
+    for problem, reference in checked.items():
+        check_fits([problem], target.device, reference)
+    return plan
 
 
 def run_config(point: PlannedPoint, path: MoEPath, inputs: MoEInputs, ref: torch.Tensor | None, target: Target,

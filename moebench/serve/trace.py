@@ -245,10 +245,11 @@ def check_request(request: TraceRequest) -> None:
     """UserError where the triton path cannot run the request's shape and dtype here (before anything runs)."""
     from moebench.paths.base import Target
     from moebench.paths.triton_path import TritonPath
-    from moebench.problem import Problem
+    from moebench.problem import Problem, check_fits
 
     if reason := TritonPath().supports(Problem(request.shape, 1, request.dtype), Target.current()):
         raise UserError(f"the triton path cannot run {request.shape.name} {request.dtype} here: {reason}")
+    check_fits([Problem(request.shape, max(request.counts), request.dtype)], Target.current().device, reference=False)
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,15 @@ def _check_max_tokens(max_tokens: int) -> None:
         raise UserError(f"max_tokens must be at least 1 (the plan covers 1..max_tokens), not {max_tokens}")
 
 
+def _check_fits(shapes: tuple[MoEShape, ...], dtype: str, max_tokens: int) -> None:
+    """UserError where the largest point of the plan (``max_tokens`` tokens, no reference: a first run builds
+    none) cannot fit in this device's memory; before a plan of ``max_tokens`` entries is built."""
+    from moebench.paths.base import Target
+    from moebench.problem import Problem, check_fits
+
+    check_fits([Problem(s, max_tokens, dtype) for s in shapes], Target.current().device, reference=False)
+
+
 def _table_pairs(table, max_tokens: int) -> list[tuple[int, TileConfig]]:
     """(M, the config the lookup reads at M) for every M of 1..``max_tokens``: its nearest key's."""
     return [(M, table.nearest(M)) for M in range(1, max_tokens + 1)]
@@ -166,6 +175,7 @@ def plan_for_table(table_path: Path | str, max_tokens: int = MAX_TOKENS) -> Warm
             for h in _as_list(s["hidden"]) for k in _as_list(s["topk"]))
     except UserError as e:
         raise UserError(f"{path}: {e}") from None
+    _check_fits(shapes, meta.dtype, max_tokens)
     notes = [meta.warning] if meta.warning else []
     here = device_name()
     if meta.device_name.replace(" ", "_") != here.replace(" ", "_"):
@@ -185,6 +195,7 @@ def plan_for_model(shape: MoEShape, dtype: str, configs_dir: Path | str | None =
     from moebench.tables import lookup
 
     _check_max_tokens(max_tokens)
+    _check_fits((shape,), dtype, max_tokens)
     found = lookup.find_table(shape.experts, shape.intermediate, device_name(), dtype,
                               lookup.check_dir(configs_dir))
     if found is not None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from moebench.errors import UserError, one_line
-from moebench.store.atomic import write_json_atomic
+from moebench.store.atomic import AppendLines, write_json_atomic
 from moebench.store.rows import Row, check_row
 
 SCHEMA_VERSION = 1
@@ -103,7 +103,7 @@ class RunWriter:
             self.run_dir.mkdir(parents=True, exist_ok=False)
             self.meta = {"schema_version": SCHEMA_VERSION, "status": "running", **meta, **process}
         write_json_atomic(self.run_dir / META_FILE, self.meta)
-        self._rows = open(self.run_dir / ROWS_FILE, "a", encoding="utf-8")
+        self._rows = AppendLines(self.run_dir / ROWS_FILE)
 
     def _reopen(self, meta: dict, process: dict) -> dict:
         old = read_meta(self.run_dir / META_FILE)
@@ -152,13 +152,18 @@ class RunWriter:
     def end(self, stopped: BaseException | None = None, **extra) -> None:
         """Finish with the status that what stopped the run gives: nothing, "complete"; Ctrl-C or SIGTERM
         (a KeyboardInterrupt), "interrupted" with ``stopped_by`` (the signal's name); any other exception,
-        "failed" with ``error`` (one line)."""
+        "failed" with ``error`` (one line), where meta.json can still be written after an OSError."""
         if stopped is None:
             self.finish("complete", **extra)
         elif isinstance(stopped, KeyboardInterrupt):
             self.finish("interrupted", stopped_by=getattr(stopped, "signal_name", "SIGINT"), **extra)
         else:
-            self.finish("failed", error=one_line(stopped), **extra)
+            try:
+                self.finish("failed", error=one_line(stopped), **extra)
+            except OSError:
+                if not isinstance(stopped, OSError):
+                    raise
+                # meta.json cannot take the failure either (a full disk): the first error is the one to tell
 
 
 # ---- a torn last row -----------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ own tables with every tile field. A tune's "final" re-timings pick the config wh
 What the engines' files cannot hold (device, Triton and torch versions, date, kernel form, commit, source
 run, the M keys) goes in a sidecar, ``moebench-export.json`` in the output folder, one entry per written
 file keyed by its path under that folder, merged into the sidecar already there. Every file is placed
-and checked before the first is written; each is written to a temporary file and renamed.
+and checked before the first is written; then all are written as one (``store.atomic.write_files_atomic``):
+where one fails, none is left new.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from types import ModuleType
 import pandas as pd
 
 from moebench.errors import UserError
-from moebench.store.atomic import write_json_atomic, write_text_atomic
+from moebench.store.atomic import write_files_atomic
 from moebench.tables.formats import FORMATS, get_format
 from moebench.tables.pick import TABLE_KEY, best_of, flag, table_key, timed_rows
 from moebench.tables.table import ConfigTable, Provenance
@@ -167,8 +168,8 @@ def export_run(meta: Mapping, df: pd.DataFrame, out_dir: Path, layout: str = "vl
         sidecar["files"][file.relative_to(out_dir).as_posix()] = _entry(
             layout, fmt.PATH, key, per_table[key], best[key], made, engine_triton)
     sidecar["files"] = dict(sorted(sidecar["files"].items()))
-    for file, (_, text) in files.items():
-        write_text_atomic(file, text)
-    write_json_atomic(sidecar_path, sidecar)
+    # the tables and their sidecar as one: an engine never finds a table whose export failed
+    write_files_atomic({**{file: text for file, (_, text) in files.items()},
+                        sidecar_path: json.dumps(sidecar, indent=2) + "\n"})
     env_line = f"export {fmt.ENV_VAR}={shlex.quote(str(out_dir.resolve()))}" if fmt.ENV_VAR else None
     return Export(files=(*files, sidecar_path), env_line=env_line, warnings=tuple(_untimed(df, fmt.PATH, best)))

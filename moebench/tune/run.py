@@ -21,7 +21,7 @@ from moebench.hardware import DeviceLimits
 from moebench.models import MoEShape
 from moebench.paths.base import Target
 from moebench.paths.registry import get_path
-from moebench.problem import Problem
+from moebench.problem import Problem, check_fits
 from moebench.store.atomic import write_json_atomic
 from moebench.store.resume import find_resumable, request_key, stop_on_sigterm, stopped_in
 from moebench.store.rows import Row
@@ -120,6 +120,7 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
     options = _options(request)
     other = _other_choices(check_against, request) if check_against else {}
     problems = {M: request.problem(M) for M in sorted(set(request.ms))}
+    check_fits(problems.values(), target.device)  # the timing workers build the float32 reference too
     reason = path.supports(problems[min(problems)], target)
     if reason:
         raise UserError(f"path {request.path!r} cannot run {request.shape.name} {request.dtype} here: {reason}")
