@@ -36,7 +36,7 @@ bench: first-run-note $(STAMP)
 
 first-run-note:
 	@test -f $(STAMP) || echo "make bench: first run: installing torch, Triton and moebench into $(VENV), then the \
-	sweep (2.2 GB and about 2 min in all on a 2-core machine without a GPU, the sweep about 20 s of it)"
+	sweep (2.2 GB; 2 to 3 min in all on a 2-core machine without a GPU, the sweep about 20 s of it)"
 
 # Two pytest-xdist workers: the 2-core CI machine's cores (TEST_JOBS=N for more; the tests own their temp paths).
 TEST_JOBS ?= 2
