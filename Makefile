@@ -1,35 +1,49 @@
-# The two commands a newcomer runs: `make bench` and `make test`. Each installs what it needs
-# into .venv. On a machine without a CUDA GPU, torch is pinned to a CPU build (TORCH_PIN) so the
-# install stays small; set TORCH_PIN= to let pip choose.
+# The two commands a newcomer runs: `make bench` and `make test`. Each installs what it needs into .venv:
+# bench the package alone (torch, Triton and the libraries it imports), test and check the dev extra too (pytest,
+# ruff, ray). On a machine without a CUDA GPU, torch is pinned to a CPU build (TORCH_PIN) so the install stays
+# small; set TORCH_PIN= to let pip choose.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install bench test check gate clean
+.PHONY: install bench first-run-note test check gate clean
 
 install: $(STAMP)
 
+# The package (`pip install -e .`): what bench and gate need.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	if [ -n "$(TORCH_PIN)" ] && ! $(PY) -c "import torch" 2>/dev/null; then $(PY) -m pip install -q "$(TORCH_PIN)"; fi
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e .
 	touch $(STAMP)
 
+# The dev extra on top, for test and check; newer than the package's stamp, so a venv bench made (or a changed
+# pyproject.toml, which remakes that stamp) still gets it on the next `make test`.
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(DEV_STAMP)
+
 # The main job: the default sweep (moebench/bench/sweeps/quick.yaml on a GPU; cpu.yaml, a tiny shape, on the
-# Triton interpreter where there is no GPU). Run folders go under results/, which git ignores.
-bench: install
+# Triton interpreter where there is no GPU). Run folders go under results/, which git ignores. A first run says
+# what it installs and how long that took where it was measured (`time make bench` in a fresh clone).
+bench: first-run-note $(STAMP)
 	$(PY) -m moebench sweep
+
+first-run-note:
+	@test -f $(STAMP) || echo "make bench: first run: installing torch, Triton and moebench into $(VENV), then the \
+	sweep (2.2 GB; 2 to 3 min in all on a 2-core machine without a GPU, the sweep about 20 s of it)"
 
 # Two pytest-xdist workers: the 2-core CI machine's cores (TEST_JOBS=N for more; the tests own their temp paths).
 TEST_JOBS ?= 2
-test: install
+test: $(DEV_STAMP)
 	$(PY) -m pytest -q -n $(TEST_JOBS)
 
-check: install
+check: $(DEV_STAMP)
 	$(PY) -m ruff check moebench tests
 
 # The regression gate (GPU): the quick sweep into a fresh folder, then compared with the committed H200

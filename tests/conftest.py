@@ -1,7 +1,7 @@
-"""Test set-up: the Triton interpreter is on for the CPU test run.
+"""Test set-up: the Triton interpreter is on for the CPU test run, as for a user's script.
 
-``moebench._interpret`` sets TRITON_INTERPRET when no GPU is present; importing it here, before any test
-module decorates a kernel, keeps that the one place.
+Importing ``moebench`` first leaves its finder on ``sys.meta_path``: whichever test module imports Triton first,
+``moebench._interpret`` sets TRITON_INTERPRET (no GPU: on) before Triton reads it, as it does for a user.
 """
 
-from moebench import _interpret  # noqa: F401
+import moebench  # noqa: F401

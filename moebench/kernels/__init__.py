@@ -1,7 +1,7 @@
 """moebench's own Triton kernels.
 
-``moebench._interpret`` is imported first: it turns on the Triton interpreter where there is no GPU,
-which Triton reads when a kernel is decorated.
+The package entry (``moebench/__init__.py``) has ``moebench._interpret`` decide TRITON_INTERPRET before Triton is
+first imported; importing it here as well covers a Triton imported before moebench (it warns, on the CPU).
 """
 
 from moebench import _interpret  # noqa: F401
