@@ -89,7 +89,6 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     import time
 
     from moebench._interpret import interpreting
-    from moebench.store.runfolder import ensure_out_dir
     from moebench.tune.run import TuneRequest
     from moebench.tune.run import tune as run_tune
 
@@ -97,7 +96,6 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     interpreter = interpreting()
     request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name, token_counts(ms), strategy,
                           _options(options), seed=seed, prune=not no_prune)
-    ensure_out_dir(out_dir)
     bar = progress_bar(progress)
     state = {"failures": {}, "first_error": {}, "best": {}, "task": None}
     started = time.monotonic()
@@ -155,8 +153,12 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
                 cells.append(_num(r["vs_check"], "{:.3f}x"))
             table.add_row(*cells)
         out_console().print(table)
-    note(f"run folder: {result.run_dir} ({time.monotonic() - started:.0f} s); "
-         f"export: moebench export-configs {result.run_dir}")
+    took = f"run folder: {result.run_dir} ({time.monotonic() - started:.0f} s)"
+    if result.error:  # the run is recorded failed: nothing to export at that M
+        note(took)
+        note(f"tune failed: {result.error}", "red")
+        raise SystemExit(1)
+    note(took if interpreter else f"{took}; export: moebench export-configs {result.run_dir}")
 
 
 def _num(v, fmt: str = "{:.1f}") -> str:
