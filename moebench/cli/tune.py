@@ -89,7 +89,7 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     import time
 
     from moebench._interpret import interpreting
-    from moebench.tune.run import TuneRequest
+    from moebench.tune.run import NothingChosen, TuneRequest
     from moebench.tune.run import tune as run_tune
 
     shape = one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep)
@@ -122,10 +122,14 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
         failed = sum(state["failures"].values())
         return f"{done}, {failed} failed" + (f", best at M={last}: {best[last]:.1f} us" if last else "")
 
+    failed = None
     with bar:
-        result = run_tune(request, out_dir, gpus=gpus, ray=True if ray_address == "auto" else ray_address,
-                          compile_jobs=compile_jobs, fresh=fresh, check_against=check_against,
-                          on_progress=on_progress, on_result=on_result)
+        try:
+            result = run_tune(request, out_dir, gpus=gpus, ray=True if ray_address == "auto" else ray_address,
+                              compile_jobs=compile_jobs, fresh=fresh, check_against=check_against,
+                              on_progress=on_progress, on_result=on_result)
+        except NothingChosen as e:  # the run is recorded failed; its table is still shown
+            failed, result = e, e.result
     for failure, n in sorted(state["failures"].items()):
         note(f"{n} config{'s' if n > 1 else ''} failed ({failure}); the first: {state['first_error'][failure]}")
     if result.resumed:
@@ -154,9 +158,9 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
             table.add_row(*cells)
         out_console().print(table)
     took = f"run folder: {result.run_dir} ({time.monotonic() - started:.0f} s)"
-    if result.error:  # the run is recorded failed: nothing to export at that M
+    if failed:  # nothing to export at that M
         note(took)
-        note(f"tune failed: {result.error}", "red")
+        note(f"tune failed: {failed}", "red")
         raise SystemExit(1)
     note(took if interpreter else f"{took}; export: moebench export-configs {result.run_dir}")
 

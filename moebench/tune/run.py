@@ -71,7 +71,6 @@ class TuneResult:
     default: dict[int, Timed | None] = field(default_factory=dict)  # per M: the untuned config's
     check: dict[int, tuple[Timed | None, Timed | None]] = field(default_factory=dict)  # per M: (ours, theirs)
     resumed: dict | None = None
-    error: str | None = None  # where and why no config was chosen: the run failed
 
 
 def _options(request: TuneRequest):
@@ -166,8 +165,14 @@ def _check_out_names(out_base: Path, name: str) -> None:
                         f"(at most {path_max} bytes in all)")
 
 
-class NothingChosen(Exception):
-    """A tune that ran through but chose no config at some M: the run is recorded "failed" with this line."""
+class NothingChosen(UserError):
+    """A tune that ran through but chose no config at some M: the run is recorded "failed" with this line, and
+    ``result`` holds what it did choose. A UserError, so a caller that tunes many tables (``tune.served``) takes
+    it as that table's error; ``moebench tune`` shows the table, then this line, and exits 1."""
+
+    def __init__(self, line: str, result: TuneResult):
+        super().__init__(line)
+        self.result = result
 
 
 def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: str | bool | None = None,
@@ -175,8 +180,8 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
          on_progress: Callable[[str, int, int], None] | None = None,
          on_result: Callable[[Timed], None] | None = None) -> TuneResult:
     """Run ``request`` (see the module docstring); the run folder and the chosen configs. ``check`` runs first,
-    then ``out_base`` is created. An M where nothing was chosen fails the run: ``TuneResult.error`` says where
-    and why, and meta.json records it."""
+    then ``out_base`` is created. An M where nothing was chosen fails the run: ``NothingChosen`` says where and
+    why, and meta.json records it."""
     ok = check(request, out_base, gpus=gpus, ray=ray, check_against=check_against)
     target, path, problems = ok.target, ok.path, ok.problems
     limits = DeviceLimits.current()
@@ -222,10 +227,9 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
             result.best, result.default = _against_default(bench, path, problems, chosen)
             result.check = _against_other(bench, chosen, ok.other)
             _write_best(writer.run_dir, request, result)
-        missing = _nothing_chosen(chosen, result.best, failed)
-        if missing:
-            stopped = NothingChosen(missing)
-            result.error = missing
+            missing = _nothing_chosen(chosen, result.best, failed)
+            if missing:
+                raise NothingChosen(missing, result)
     except BaseException as e:
         stopped = stopped_in(e, writer.run_dir)
         if stopped is e:
