@@ -1,11 +1,13 @@
 """A tune: one kernel, one shape and dtype, many M; a run folder with a row per measurement, and the best
 table.
 
-``tune`` checks the request, opens a run folder (or reopens the one an interrupted start of the same request
-left: ``store.resume.find_resumable``), builds each M's pruned and ranked candidates, starts the worker pools and
-hands them to the strategy. Each measurement is a row as it arrives (failures too, typed); the chosen config
-of each M is then re-timed beside the path's untuned default ("default" rows) so the table's gain is
-measured in the same run, and the table is written into the folder.
+``tune`` checks everything first (``check``: the request, options, pool choice, ``--check-against`` run and
+``--out`` names; nothing is created until it passes), opens a run folder (or reopens the one an interrupted
+start of the same request left: ``store.resume.find_resumable``), builds each M's pruned and ranked candidates,
+starts the worker pools and hands them to the strategy. Each measurement is a row as it arrives (failures too,
+typed); the chosen config of each M is then re-timed beside the path's untuned default ("default" rows) so the
+table's gain is measured in the same run, and the table is written into the folder. An M where nothing was
+chosen fails the run (``NothingChosen``).
 """
 
 from __future__ import annotations
