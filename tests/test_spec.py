@@ -213,3 +213,24 @@ def test_the_default_sweep_runs_on_the_interpreter_as_it_is():
 def test_an_empty_list_flag_is_an_error_not_the_default(flag):
     with pytest.raises(UserError, match="is empty"):
         from_options(None, default_spec_file(True), models=("tiny",), **{flag: " , "})
+
+
+@pytest.mark.parametrize("name", ["../escaped", "a/b", "..", ".hidden", "x" * 101, ""],
+                         ids=["parent", "slash", "dotdot", "hidden", "long", "empty-stem"])
+def test_a_spec_name_that_is_not_a_plain_file_name_part_is_refused_by_sweep(tmp_path, name):
+    """The name ends the run folder's name: ``../`` in it would put the run outside --out. ``moebench sweep``
+    refuses it in one line that names the spec file, and writes nothing (an empty name falls back to the
+    file's stem, which is plain)."""
+    from helpers import moebench_in_process
+
+    spec = _write(tmp_path, f"name: {name!r}\nmodels: [tiny]\nm: [1]\ndtypes: [fp16]\npaths: [torch]\n")
+    out = tmp_path / "runs" / "out"
+    proc = moebench_in_process("sweep", str(spec), "--out", str(out), "--no-progress")
+    if not name:
+        assert proc.returncode == 0, proc.stderr  # the precondition: this spec runs as it is
+        assert [p.parent.parent for p in out.glob("*/meta.json")] == [out]
+        return
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {spec}: sweep name") and "plain file-name part" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]  # no --out, nothing beside it

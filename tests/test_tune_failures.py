@@ -134,3 +134,24 @@ def test_the_search_still_chooses_the_fastest_good_config(tuned):
     for M in MS:
         good = [t for t in results if t.M == M and t.phase == "final" and t.ok]
         assert chosen[M] == min(good, key=lambda t: t.time_us).config == GOOD_C
+
+
+def test_a_tune_that_chose_nothing_at_an_m_fails_says_where_and_why_and_records_it(tmp_path, monkeypatch):
+    """Every first run past its timeout: no config is chosen at M=1, so ``moebench tune`` exits 1 with the M
+    and the reason in one line, gives no export hint, and meta.json records the run "failed" with that line."""
+    import json
+    import re
+
+    from helpers import moebench_in_process
+
+    monkeypatch.setattr(bench, "COMPILE_TIMEOUT_S", 0.01)  # read as the tasks are built, in this process
+    out = tmp_path / "out"
+    proc = moebench_in_process("tune", "--model", "tiny", "--m", "1", "--strategy", "exhaustive", "--option",
+                               "limit=1", "--compile-jobs", "0", "--no-progress", "--out", str(out))
+    assert proc.returncode == 1, proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("tune failed:")]
+    assert re.fullmatch(r"tune failed: no config chosen at M=1: every config failed \(\d+ hang\)", line), line
+    assert "export" not in proc.stderr and "Traceback" not in proc.stderr
+    (meta_file,) = out.glob("*/meta.json")
+    meta = json.loads(meta_file.read_text())
+    assert meta["status"] == "failed" and meta["error"] == f"NothingChosen: {line.removeprefix('tune failed: ')}"

@@ -15,6 +15,7 @@ installed ``moebench sweep quick`` finds them by name. Example (quick.yaml)::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -52,6 +53,9 @@ SPEC_KEYS = {
 # Keys that describe one block of the plan (a product of shapes x dtypes x M x paths).
 BLOCK_KEYS = ("models", "hf_configs", "shapes", "m", "topk", "dtypes", "paths", "tp", "ep")
 SHAPE_KEYS = ("name", "experts", "hidden", "intermediate", "topk", "moe_layers")
+# A sweep's name ends its run folder's name: a letter, digit or "_" first (no "..", no hidden folder), then those,
+# spaces and ". @ + = , -"; no "/" or "\\", so the folder stays inside --out.
+PLAIN_NAME = re.compile(r"\w[\w .@+=,-]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,9 @@ class SweepSpec:
     tune: bool = False
 
     def __post_init__(self) -> None:
+        if not PLAIN_NAME.fullmatch(self.name):
+            raise UserError(f"sweep name {self.name!r} is not a plain file-name part (letters, digits, _ first; "
+                            "then also spaces and . @ + = , -; at most 100 characters)")
         if not self.blocks:
             raise UserError(f"sweep '{self.name}': nothing to run")
         for b in self.blocks:

@@ -89,15 +89,13 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     import time
 
     from moebench._interpret import interpreting
-    from moebench.store.runfolder import ensure_out_dir
-    from moebench.tune.run import TuneRequest
+    from moebench.tune.run import NothingChosen, TuneRequest
     from moebench.tune.run import tune as run_tune
 
     shape = one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep)
     interpreter = interpreting()
     request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name, token_counts(ms), strategy,
                           _options(options), seed=seed, prune=not no_prune)
-    ensure_out_dir(out_dir)
     bar = progress_bar(progress)
     state = {"failures": {}, "first_error": {}, "best": {}, "task": None}
     started = time.monotonic()
@@ -124,10 +122,14 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
         failed = sum(state["failures"].values())
         return f"{done}, {failed} failed" + (f", best at M={last}: {best[last]:.1f} us" if last else "")
 
+    failed = None
     with bar:
-        result = run_tune(request, out_dir, gpus=gpus, ray=True if ray_address == "auto" else ray_address,
-                          compile_jobs=compile_jobs, fresh=fresh, check_against=check_against,
-                          on_progress=on_progress, on_result=on_result)
+        try:
+            result = run_tune(request, out_dir, gpus=gpus, ray=True if ray_address == "auto" else ray_address,
+                              compile_jobs=compile_jobs, fresh=fresh, check_against=check_against,
+                              on_progress=on_progress, on_result=on_result)
+        except NothingChosen as e:  # the run is recorded failed; its table is still shown
+            failed, result = e, e.result
     for failure, n in sorted(state["failures"].items()):
         note(f"{n} config{'s' if n > 1 else ''} failed ({failure}); the first: {state['first_error'][failure]}")
     if result.resumed:
@@ -155,8 +157,12 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
                 cells.append(_num(r["vs_check"], "{:.3f}x"))
             table.add_row(*cells)
         out_console().print(table)
-    note(f"run folder: {result.run_dir} ({time.monotonic() - started:.0f} s); "
-         f"export: moebench export-configs {result.run_dir}")
+    took = f"run folder: {result.run_dir} ({time.monotonic() - started:.0f} s)"
+    if failed:  # nothing to export at that M
+        note(took)
+        note(f"tune failed: {failed}", "red")
+        raise SystemExit(1)
+    note(took if interpreter else f"{took}; export: moebench export-configs {result.run_dir}")
 
 
 def _num(v, fmt: str = "{:.1f}") -> str:

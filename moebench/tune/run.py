@@ -1,20 +1,25 @@
 """A tune: one kernel, one shape and dtype, many M; a run folder with a row per measurement, and the best
 table.
 
-``tune`` checks the request, opens a run folder (or reopens the one an interrupted start of the same request
-left: ``store.resume.find_resumable``), builds each M's pruned and ranked candidates, starts the worker pools and
-hands them to the strategy. Each measurement is a row as it arrives (failures too, typed); the chosen config
-of each M is then re-timed beside the path's untuned default ("default" rows) so the table's gain is
-measured in the same run, and the table is written into the folder.
+``tune`` checks everything first (``check``: the request, options, pool choice, ``--check-against`` run and
+``--out`` names; nothing is created until it passes), opens a run folder (or reopens the one an interrupted
+start of the same request left: ``store.resume.find_resumable``), builds each M's pruned and ranked candidates,
+starts the worker pools and hands them to the strategy. Each measurement is a row as it arrives (failures too,
+typed); the chosen config of each M is then re-timed beside the path's untuned default ("default" rows) so the
+table's gain is measured in the same run, and the table is written into the folder. An M where nothing was
+chosen fails the run (``NothingChosen``).
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from moebench.dtypes import get_dtype
 from moebench.environment import describe
 from moebench.errors import UserError
 from moebench.hardware import DeviceLimits
@@ -25,7 +30,7 @@ from moebench.problem import Problem, check_fits
 from moebench.store.atomic import write_json_atomic
 from moebench.store.resume import find_resumable, request_key, stop_on_sigterm, stopped_in
 from moebench.store.rows import Row
-from moebench.store.runfolder import RunWriter, new_run_dir
+from moebench.store.runfolder import RunWriter, ensure_out_dir, new_run_dir
 from moebench.tile import TileConfig
 from moebench.tune.bench import Kept, PoolBench, Timed
 from moebench.tune.candidates import Candidates
@@ -107,55 +112,127 @@ def _pools(target: Target, gpus: int | None, ray: str | bool | None, compile_job
     return (compiling if compiling is not None else time_pool), time_pool
 
 
-def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: str | bool | None = None,
-         compile_jobs: int | None = None, fresh: bool = False, check_against: Path | None = None,
-         on_progress: Callable[[str, int, int], None] | None = None,
-         on_result: Callable[[Timed], None] | None = None) -> TuneResult:
-    """Run ``request`` (see the module docstring); the run folder and the chosen configs."""
+@dataclass(frozen=True)
+class Checked:
+    """A request found runnable by ``check``: what ``tune`` builds from, nothing created yet."""
+
+    target: Target
+    path: object  # the MoEPath
+    space: object  # its search space
+    options: object  # the strategy's Options
+    other: dict[int, TileConfig]  # --check-against's choices by M
+    problems: dict[int, Problem]
+    name: str  # the run folder's name after its time stamp
+
+
+def check(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: str | bool | None = None,
+          check_against: Path | None = None) -> Checked:
+    """Every check of a tune before it creates anything: the request (path, M, dtype, the path's support here),
+    the strategy's options, the pool choice, the ``--check-against`` run and the names under ``out_base``;
+    UserError (one line) for the first that fails."""
+    from moebench.workers.pools import check_pool_choice
+
     target = Target.current()
     path = get_path(request.path)
     space = get_space(request.path)
     if not request.ms or min(request.ms) < 1:
         raise UserError("--m needs positive token counts")
     options = _options(request)
-    other = _other_choices(check_against, request) if check_against else {}
     problems = {M: request.problem(M) for M in sorted(set(request.ms))}
+    get_dtype(request.dtype)
     check_fits(problems.values(), target.device)  # the timing workers build the float32 reference too
     reason = path.supports(problems[min(problems)], target)
     if reason:
         raise UserError(f"path {request.path!r} cannot run {request.shape.name} {request.dtype} here: {reason}")
+    check_pool_choice(gpus, ray)
+    other = _other_choices(check_against, request) if check_against else {}
+    name = f"tune-{request.shape.name}-{request.dtype}".replace("@", "-")  # "@" is a poor file-name character
+    _check_out_names(Path(out_base), name)
+    return Checked(target, path, space, options, other, problems, name)
+
+
+def _check_out_names(out_base: Path, name: str) -> None:
+    """UserError where ``out_base``, or a run folder named ``name`` in it, has a name the file system refuses."""
+    full = out_base.absolute() / f"{'0' * 15}-{name}-99" / "rows.jsonl"  # new_run_dir's longest name
+    existing = next(p for p in full.parents if p.exists())
+    try:
+        name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in full.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise UserError(f"--out {out_base}: the name {part[:24]}... is too long for the file system "
+                            f"({len(os.fsencode(part))} bytes; at most {name_max})")
+    if len(os.fsencode(str(full))) >= path_max:
+        raise UserError(f"--out {out_base}: too long for the file system with a run folder in it "
+                        f"(at most {path_max} bytes in all)")
+
+
+class NothingChosen(UserError):
+    """A tune that ran through but chose no config at some M: the run is recorded "failed" with this line, and
+    ``result`` holds what it did choose. A UserError, so a caller that tunes many tables (``tune.served``) takes
+    it as that table's error; ``moebench tune`` shows the table, then this line, and exits 1."""
+
+    def __init__(self, line: str, result: TuneResult):
+        super().__init__(line)
+        self.result = result
+
+
+def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: str | bool | None = None,
+         compile_jobs: int | None = None, fresh: bool = False, check_against: Path | None = None,
+         on_progress: Callable[[str, int, int], None] | None = None,
+         on_result: Callable[[Timed], None] | None = None) -> TuneResult:
+    """Run ``request`` (see the module docstring); the run folder and the chosen configs. ``check`` runs first,
+    then ``out_base`` is created. An M where nothing was chosen fails the run: ``NothingChosen`` says where and
+    why, and meta.json records it."""
+    ok = check(request, out_base, gpus=gpus, ray=ray, check_against=check_against)
+    target, path, problems = ok.target, ok.path, ok.problems
     limits = DeviceLimits.current()
     facts = {M: Facts.of(p, request.path, limits) for M, p in problems.items()}
-    cands = Candidates(space, facts, rules=RULES if request.prune else RULES[:1])
+    cands = Candidates(ok.space, facts, rules=RULES if request.prune else RULES[:1])
     meta = describe(target.interpreter)
-    name = f"tune-{request.shape.name}-{request.dtype}".replace("@", "-")  # "@" is a poor file-name character
-    meta.update(sweep=name, tune=True, request=request.key,
+    meta.update(sweep=ok.name, tune=True, request=request.key,
                 tuning={"path": request.path, "model": request.shape.name, "dtype": request.dtype,
-                        "ms": list(problems), "strategy": request.strategy, "options": asdict(options),
-                        "prune": request.prune, "space": space.describe(), "space_size": space.size,
+                        "ms": list(problems), "strategy": request.strategy, "options": asdict(ok.options),
+                        "prune": request.prune, "space": ok.space.describe(), "space_size": ok.space.size,
                         "budgets": BUDGETS, "routing": request.routing, "seed": request.seed},
                 timing_method="interpreter wall clock" if target.interpreter else "graph replay")
+    ensure_out_dir(out_base)
     resumable = None if fresh else find_resumable(out_base, request.key)
     writer = (RunWriter(resumable, meta, resume=True) if resumable
               else RunWriter(new_run_dir(out_base, meta["sweep"]), meta))
     kept = Kept([_timed(r) for r in writer.kept if r.get("path") == request.path and r.get("config")])
     started, stopped = time.monotonic(), None
     result = TuneResult(writer.run_dir, {}, resumed=writer.resumed)
+    failed = {M: Counter() for M in problems}  # per M: its failures by type (a first run's count at every M)
+
+    def count(t: Timed) -> None:
+        if not t.ok:
+            for M in (problems if t.phase is None else (t.M,)):
+                if M in failed:
+                    failed[M][t.failure] += 1
 
     def record(t: Timed) -> None:
         writer.append(_row(request, target, t))
+        count(t)
         if on_result:
             on_result(t)
 
+    for r in writer.kept:
+        if r.get("path") == request.path and r.get("config"):
+            count(_timed(r))
     pools = ()
     try:
         with stop_on_sigterm():
             pools = _pools(target, gpus, ray, compile_jobs, problems[min(problems)])
             bench = PoolBench(request.path, problems, pools[0], pools[1], record, kept, on_progress)
-            chosen = get_strategy(request.strategy).search(cands, bench, options)
+            chosen = get_strategy(request.strategy).search(cands, bench, ok.options)
             result.best, result.default = _against_default(bench, path, problems, chosen)
-            result.check = _against_other(bench, chosen, other)
+            result.check = _against_other(bench, chosen, ok.other)
             _write_best(writer.run_dir, request, result)
+            missing = _nothing_chosen(chosen, result.best, failed)
+            if missing:
+                raise NothingChosen(missing, result)
     except BaseException as e:
         stopped = stopped_in(e, writer.run_dir)
         if stopped is e:
@@ -167,6 +244,24 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
         writer.end(stopped, wall_s=round(time.monotonic() - started, 1),
                    pruned={str(M): d for M, d in cands.dropped.items()})
     return result
+
+
+def _nothing_chosen(chosen: dict, best: dict, failed: dict[int, Counter]) -> str | None:
+    """The one line for the M where no config was chosen (or the choice failed its re-timing), and why; None
+    where every M has a choice timed."""
+    why: dict[str, list[int]] = {}
+    for M in sorted(failed):
+        if chosen.get(M) is None:
+            kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(failed[M].items()))
+            reason = f"every config failed ({kinds})" if kinds else "no config was timed"
+        elif best.get(M) is None or not best[M].ok:
+            reason = f"the chosen config failed its re-timing ({best[M].failure if best.get(M) else 'not timed'})"
+        else:
+            continue
+        why.setdefault(reason, []).append(M)
+    if not why:
+        return None
+    return "no config chosen at " + "; ".join(f"M={','.join(map(str, ms))}: {r}" for r, ms in why.items())
 
 
 def _against_default(bench: PoolBench, path, problems, chosen) -> tuple[dict, dict]:

@@ -36,23 +36,32 @@ def make_pool(gpus: int | None = None, ray_address: str | bool | None = None, *,
     """The pool for ``--gpus N`` (default: one worker per local GPU, one on a CPU-only machine) or
     ``--ray [ADDRESS]`` (``ray_address`` True: Ray's default address; a string: that cluster, "local" a
     new local instance; None or False: local workers)."""
+    check_pool_choice(gpus, ray_address)
     if ray_address not in (None, False):
-        if gpus is not None:
-            raise UserError("--gpus and --ray: choose one (on Ray, each task takes one of the cluster's GPUs)")
         from moebench.workers.ray import RayPool
 
         return RayPool(None if ray_address is True else ray_address, env=env)
+    have = local_gpus()
+    if have == 0:
+        return LocalPool(1, None, env)  # the CPU: a worker runs the Triton interpreter
+    n = gpus or have
+    return LocalPool(n, list(range(n)), env)
+
+
+def check_pool_choice(gpus: int | None = None, ray_address: str | bool | None = None) -> None:
+    """UserError where ``make_pool(gpus, ray_address)`` cannot be made here; starts nothing, so a command checks
+    it before it creates its run folder."""
+    if ray_address not in (None, False):
+        if gpus is not None:
+            raise UserError("--gpus and --ray: choose one (on Ray, each task takes one of the cluster's GPUs)")
+        return
     if gpus is not None and gpus < 1:
         raise UserError(f"--gpus {gpus}: at least 1")
     have = local_gpus()
-    if have == 0:
-        if gpus not in (None, 1):
-            raise UserError(f"--gpus {gpus}: this machine has no CUDA GPU (one worker runs the Triton interpreter)")
-        return LocalPool(1, None, env)  # the CPU: a worker runs the Triton interpreter
-    if gpus is not None and gpus > have:
+    if have == 0 and gpus not in (None, 1):
+        raise UserError(f"--gpus {gpus}: this machine has no CUDA GPU (one worker runs the Triton interpreter)")
+    if have and gpus is not None and gpus > have:
         raise UserError(f"--gpus {gpus}: this machine has {have} CUDA GPU{'s' if have > 1 else ''}")
-    n = gpus or have
-    return LocalPool(n, list(range(n)), env)
 
 
 def default_jobs() -> int:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from moebench.tune.bench import Bench, fastest
+from moebench.tune.strategies.ranges import check_ranges
 
 if TYPE_CHECKING:  # annotations only: the registry, read by --strategy, loads no torch
     from moebench.tune.candidates import Candidates
@@ -19,6 +20,9 @@ if TYPE_CHECKING:  # annotations only: the registry, read by --strategy, loads n
 class Options:
     final: int = 4  # configs per M re-timed at the final budget, best screen times first
     limit: int = 0  # at most this many configs per M, the model's first (0: all); for small checks
+
+    def __post_init__(self) -> None:
+        check_ranges("exhaustive", self, {"final": (1, None), "limit": (0, None)})
 
 
 def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:

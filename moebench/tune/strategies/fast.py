@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from moebench.errors import UserError
 from moebench.tune.bench import Bench, fastest
+from moebench.tune.strategies.ranges import check_ranges
 
 if TYPE_CHECKING:  # annotations only: the registry, read by --strategy, loads no torch
     from moebench.tune.candidates import Candidates
@@ -31,6 +33,12 @@ class Options:
     climbs: int = 5  # climb steps at most
     final: int = 4  # configs per M re-timed at the final budget
     share: int = 1  # 1: every seed screened at every M; 0: each M screens its own seeds only
+
+    def __post_init__(self) -> None:
+        check_ranges("fast", self, {"per_shape": (0, None), "top": (0, None), "lead": (1, None),
+                                    "climbs": (0, None), "final": (1, None), "share": (0, 1)})
+        if self.top == 0 and self.per_shape == 0:
+            raise UserError("strategy 'fast': options top=0 and per_shape=0 seed nothing (one of them 1 or more)")
 
 
 def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:

@@ -1,0 +1,83 @@
+"""``moebench tune`` refuses a bad request before it creates anything: each refusal is one line on stderr, exit
+status 2, and the ``--out`` folder is not created (no empty folder, no run folder). Strategy options are checked
+against their ranges. The real command through its entry point (``helpers.moebench_in_process``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import moebench_in_process
+
+from moebench.tune.strategies import exhaustive, fast
+
+TUNE = ("tune", "--model", "tiny", "--m", "1", "--no-progress")
+
+
+def _refused(tmp_path, *args: str, out=None) -> str:
+    """Runs ``moebench tune`` with ``args`` into a fresh ``--out``; asserts the refusal; its line."""
+    out = out or tmp_path / "fresh" / "out"
+    assert not out.exists()
+    proc = moebench_in_process(*TUNE, *args, "--out", str(out))
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "fresh").exists()  # neither --out nor a folder above it
+    return proc.stderr.strip()
+
+
+CASES = [
+    (("--option", "nope=1"), "takes options"),  # not an option of any strategy
+    (("--strategy", "exhaustive", "--option", "climbs=2"), "takes options"),  # the fast strategy's option
+    (("--dtype", "fp7"), "unknown dtype 'fp7'"),
+    (("--gpus", "0"), "--gpus 0"),
+    (("--option", "top=-1"), "top"),  # out of its range: ran forever
+    (("--option", "final=0"), "final"),  # nothing re-timed: nothing chosen
+]
+
+
+@pytest.mark.parametrize("args,says", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_a_refused_request_is_one_line_and_creates_nothing(tmp_path, args, says):
+    assert says in _refused(tmp_path, *args)
+
+
+def test_a_bad_check_against_run_is_refused_before_the_out_folder(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()  # a folder, but no best.json in it
+    assert "--check-against" in _refused(tmp_path, "--check-against", str(other))
+    (other / "best.json").write_text(json.dumps({"kernel": "triton", "shape": {"name": "tiny"}, "dtype": "fp16",
+                                                 "configs": {}}))
+    assert "it tuned triton tiny fp16" in _refused(tmp_path, "--check-against", str(other))
+
+
+def test_an_out_name_too_long_for_the_file_system_is_refused_before_any_folder(tmp_path):
+    line = _refused(tmp_path, out=tmp_path / "fresh" / ("a" * 300))
+    assert "too long" in line
+
+
+OPTION_RANGES = [
+    (fast.Options, {"top": -1}, "top"),
+    (fast.Options, {"lead": 0}, "lead"),
+    (fast.Options, {"climbs": -1}, "climbs"),
+    (fast.Options, {"final": 0}, "final"),
+    (fast.Options, {"share": 2}, "share"),
+    (fast.Options, {"per_shape": -1}, "per_shape"),
+    (fast.Options, {"top": 0, "per_shape": 0}, "top"),  # no seeds at all
+    (exhaustive.Options, {"final": 0}, "final"),
+    (exhaustive.Options, {"limit": -1}, "limit"),
+]
+
+
+@pytest.mark.parametrize("cls,values,named", OPTION_RANGES, ids=[f"{c.__module__}:{v}" for c, v, _ in OPTION_RANGES])
+def test_each_strategy_option_checks_its_range(cls, values, named):
+    from moebench.errors import UserError
+
+    with pytest.raises(UserError, match=named) as e:
+        cls(**values)
+    assert "\n" not in str(e.value)
+
+
+def test_the_default_options_are_in_range():
+    assert fast.Options() and exhaustive.Options()
+    assert fast.Options(share=0, climbs=0, top=1, per_shape=0) and exhaustive.Options(limit=1, final=1)
