@@ -294,6 +294,25 @@ def test_an_out_in_a_read_only_folder_is_one_line(tmp_path):
         tmp_path.chmod(0o700)
 
 
+def test_preflight_on_a_gpu_checks_out_without_creating_it(tmp_path, monkeypatch):
+    """preflight passes on a (stand-in) GPU machine and leaves a fresh --out uncreated: the folder comes with
+    the run folder, after the ceilings are measured; a file in the way is refused there."""
+    from types import SimpleNamespace
+
+    from moebench.paths.base import Target
+
+    gpu = SimpleNamespace(device=torch.device("cuda"), interpreter=False)
+    monkeypatch.setattr(Target, "current", staticmethod(lambda: gpu))
+    monkeypatch.setattr("moebench.environment.device_name", lambda: GPU)
+    points = pd.DataFrame([{**row(), "run": "runs/a"}])
+    fresh = tmp_path / "fresh" / "out"
+    bm.preflight(points, fresh)
+    assert not (tmp_path / "fresh").exists()
+    (tmp_path / "f").write_text("")
+    with pytest.raises(UserError, match="a file is in the way"):
+        bm.preflight(points, tmp_path / "f" / "out")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="describes a machine without a GPU")
 def test_run_bounds_refuses_a_machine_without_a_gpu():
     with pytest.raises(UserError, match="on a CUDA GPU; this machine has none"):
@@ -333,3 +352,7 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path):
         assert proc.returncode == 2, (args, proc.stderr)
         assert fragment in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "Traceback" not in proc.stderr and proc.stdout == ""
+    fresh = tmp_path / "fresh" / "out"
+    proc = moebench("bounds", str(gpu_run), "--out", str(fresh))
+    assert proc.returncode == 2 and "this machine has none" in proc.stderr
+    assert not (tmp_path / "fresh").exists()  # refused: neither --out nor a folder above it

@@ -9,6 +9,7 @@ them on tiny shapes with a timer of their own.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -166,8 +167,17 @@ def run_row(point: dict, row: dict, ceilings: Ceilings) -> dict:
 
 
 def check_out_dir(out_base: Path) -> None:
-    """Create ``--out`` and check it takes new files, before anything is measured: a file in the way or a
-    read-only folder is one line."""
+    """Check, creating nothing, that ``--out`` can hold run folders: not a file, and its nearest existing
+    folder takes new files; UserError (one line) where not. ``open_writer`` creates it once measuring starts."""
+    base = Path(out_base).absolute()
+    existing = next(p for p in (base, *base.parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"--out {out_base}: a file is in the way ({existing})")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out_base}: cannot create files in {existing}")
+
+
+def _create_out_dir(out_base: Path) -> None:
     try:
         ensure_out_dir(out_base)
     except OSError as e:
@@ -175,8 +185,8 @@ def check_out_dir(out_base: Path) -> None:
 
 
 def open_writer(out_base: Path, meta: dict) -> RunWriter:
-    """A fresh ``bounds`` run folder under ``out_base``; an OS refusal is one line."""
-    check_out_dir(out_base)
+    """A fresh ``bounds`` run folder under ``out_base`` (created here); an OS refusal is one line."""
+    _create_out_dir(out_base)
     try:
         return RunWriter(new_run_dir(out_base, "bounds"), meta)
     except OSError as e:
@@ -184,8 +194,8 @@ def open_writer(out_base: Path, meta: dict) -> RunWriter:
 
 
 def preflight(points: pd.DataFrame, out_base: Path | None) -> list[str]:
-    """Refuse, before anything is measured or printed, a machine without a CUDA GPU and an ``--out`` that
-    cannot hold run folders; return the warnings to show first (``mixing_warnings``: layer times from another
+    """Refuse, before anything is measured, printed or created, a machine without a CUDA GPU and an ``--out``
+    that cannot hold run folders; return the warnings to show first (``mixing_warnings``: layer times from another
     GPU or timing method)."""
     from moebench.environment import device_name
     from moebench.paths.base import Target
