@@ -72,3 +72,33 @@ def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().count("\n") == 0 and "no CUDA GPU" in proc.stderr
     assert not into.exists() and not (tmp_path / "runs").exists()
+
+
+REFUSED_AS_ON_A_GPU = [
+    (("--model", "nope"), "unknown model"),
+    (("--model", "qwen3-30b-a3b", "--m", "0"), "token counts must be positive"),
+    (("--model", "qwen3-30b-a3b", "--gpus", "0"), "--gpus 0"),
+    (("--model", "qwen3-30b-a3b", "--into", "{file}/tables"), "a file is in the way"),
+]
+
+
+@pytest.mark.parametrize("args,says", REFUSED_AS_ON_A_GPU, ids=[" ".join(a) for a, _ in REFUSED_AS_ON_A_GPU])
+def test_a_refusal_as_on_a_gpu_creates_no_out_folder(tmp_path, monkeypatch, args, says):
+    """With the GPU check passed (interpreting() stands in as False), each refused argument is one line, exit 2,
+    before any tune starts, and a fresh --out (and --into) stays uncreated."""
+    from helpers import moebench_in_process
+
+    def no_tune(*a, **k):
+        raise AssertionError("a tune started")
+
+    monkeypatch.setattr("moebench._interpret.interpreting", lambda: False)
+    monkeypatch.setattr("moebench.tune.run.tune", no_tune)
+    (tmp_path / "f").write_text("")
+    fresh = tmp_path / "fresh"
+    args = [a.replace("{file}", str(tmp_path / "f")) for a in args]
+    if "--into" not in args:
+        args += ["--into", str(fresh / "tables")]
+    proc = moebench_in_process("tune-tables", *args, "--out", str(fresh / "runs"), "--no-progress")
+    assert proc.returncode == 2, proc.stderr
+    assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not fresh.exists()

@@ -219,11 +219,11 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
     import time
 
     from moebench._interpret import interpreting
-    from moebench.store.runfolder import ensure_out_dir
-    from moebench.tune.served import OPTIONS, select
+    from moebench.tune.served import OPTIONS, check, select
     from moebench.tune.served import tune_tables as run_all
 
     entries = select(models, dtypes)
+    counts = token_counts(ms)
     if list_only:
         from rich.table import Table
 
@@ -236,7 +236,7 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
         return
     if interpreting():
         raise UserError("tune-tables times GPU kernels and there is no CUDA GPU here (--list shows the entries)")
-    ensure_out_dir(out_dir)
+    check(out_dir, into, gpus)  # before anything is created: each tune creates --out, each export --into
     started = time.monotonic()
     options = " ".join(f"{k}={v}" for k, v in OPTIONS)
     note(f"{len(entries)} table(s), fast strategy with {options}")
@@ -259,7 +259,7 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
             click.echo(str(f))
 
     with bar:
-        done = run_all(entries, out_dir, into, token_counts(ms),
+        done = run_all(entries, out_dir, into, counts,
                        {"gpus": gpus, "compile_jobs": compile_jobs, "on_progress": on_progress},
                        on_entry=begin, on_done=end)
     tuned = sum(1 for t in done if t.files)

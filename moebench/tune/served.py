@@ -73,6 +73,29 @@ def select(models: Iterable[str] = (), dtypes: Iterable[str] = ()) -> list[Serve
     return chosen
 
 
+def check_folder(folder: Path, flag: str) -> None:
+    """UserError (one line) where ``folder`` cannot be created or written: a file in the way, or a nearest
+    existing folder that takes no new files. Creates nothing, so a refusal leaves no folder behind."""
+    import os
+
+    full = Path(folder).absolute()
+    existing = next(p for p in (full, *full.parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"{flag} {folder}: a file is in the way ({existing})")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {folder}: cannot create files in {existing}")
+
+
+def check(out_base: Path, into: Path, gpus: int | None) -> None:
+    """Every check of ``tune_tables``'s own arguments before it creates anything: the worker count and the two
+    folders (each entry's request is checked by its tune)."""
+    from moebench.workers.pools import check_pool_choice
+
+    check_pool_choice(gpus, None)
+    check_folder(out_base, "--out")
+    check_folder(into, "--into")
+
+
 @dataclass(frozen=True)
 class Tuned:
     """One entry's outcome: its tune's run folder (None where the tune did not start) and the table files
@@ -89,12 +112,14 @@ def tune_tables(entries: list[Served], out_base: Path, into: Path, ms: tuple[int
                 on_entry: Callable[[int, Served], None] | None = None,
                 on_done: Callable[[Tuned], None] | None = None) -> list[Tuned]:
     """Tune each entry (a run folder under ``out_base``; a stopped one resumes) and export its table into
-    ``into``. A UserError of one entry (a shape this GPU cannot run) is its ``error``; the rest go on."""
+    ``into``. A UserError of one entry (a shape this GPU cannot run) is its ``error``; the rest go on. ``check``
+    runs first: a refused argument creates nothing."""
     from moebench.store.runfolder import load_run
     from moebench.tables.export import export_run
     from moebench.tables.formats.moebench import FORMAT
     from moebench.tune.run import TuneRequest, tune
 
+    check(out_base, into, (tune_kwargs or {}).get("gpus"))
     done = []
     for i, entry in enumerate(entries):
         if on_entry:
