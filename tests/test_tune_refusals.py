@@ -81,3 +81,22 @@ def test_each_strategy_option_checks_its_range(cls, values, named):
 def test_the_default_options_are_in_range():
     assert fast.Options() and exhaustive.Options()
     assert fast.Options(share=0, climbs=0, top=1, per_shape=0) and exhaustive.Options(limit=1, final=1)
+
+
+def test_on_the_interpreter_without_m_it_tunes_the_small_list_and_says_so(tmp_path):
+    """No --m on the interpreter: the sweep's small M list (1,16,64), not vLLM's 18, in meta.json, and one note
+    line on stderr saying so; options that screen one config per M keep it fast."""
+    from moebench._interpret import interpreting
+    from moebench.bench.spec import INTERPRETER_MS
+    from moebench.store.runfolder import load_run
+
+    if not interpreting():
+        pytest.skip("describes a machine without a CUDA GPU")
+    proc = moebench_in_process("tune", "--model", "tiny", "--no-progress", "--out", str(tmp_path), "--format", "json",
+                               *(a for o in ("top=1", "per_shape=0", "lead=1", "climbs=0", "final=1", "share=0")
+                                 for a in ("--option", o)))
+    assert proc.returncode == 0, proc.stderr
+    meta, _ = load_run(json.loads(proc.stdout)["run"])
+    assert meta["tuning"]["ms"] == list(INTERPRETER_MS) == [1, 16, 64]
+    said = [line for line in proc.stderr.splitlines() if "in place of vLLM's 18" in line]
+    assert len(said) == 1 and "M 1,16,64" in said[0], proc.stderr

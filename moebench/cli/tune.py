@@ -58,7 +58,7 @@ def summary_rows(result) -> list[dict]:
               help="The kernel: triton-classic (the engines' form; its tables are what export-configs writes for "
                    "vLLM and SGLang) or triton (moebench's own).")
 @click.option("--m", "ms", default=None,
-              help="Token counts, comma list. [default: vLLM's 18: 1,2,4,...,3072,4096]")
+              help="Token counts, comma list. [default: vLLM's 18: 1,2,4,...,3072,4096; without a GPU 1,16,64]")
 @click.option("--strategy", default=DEFAULT_STRATEGY, show_default=True, type=click.Choice(list(STRATEGIES)),
               help="fast: cost-model seeds, a local search, the best few re-timed; exhaustive: every pruned config.")
 @click.option("--option", "options", multiple=True, metavar="NAME=N",
@@ -94,8 +94,12 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
 
     shape = one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep)
     interpreter = interpreting()
-    request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name, token_counts(ms), strategy,
-                          _options(options), seed=seed, prune=not no_prune)
+    small_ms = interpreter and ms is None  # vLLM's 18 M take hours on the interpreter: the sweep's small list
+    if small_ms:
+        from moebench.bench.spec import INTERPRETER_MS
+    request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name,
+                          INTERPRETER_MS if small_ms else token_counts(ms), strategy, _options(options), seed=seed,
+                          prune=not no_prune)
     bar = progress_bar(progress)
     state = {"failures": {}, "first_error": {}, "best": {}, "task": None}
     started = time.monotonic()
@@ -104,6 +108,9 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
         if interpreter and state["task"] is None:  # said once the request is valid and the tune starts
             note("No CUDA GPU: tuning on the Triton interpreter checks the search runs; its times are not GPU "
                  "performance.", "yellow")
+            if small_ms:
+                note(f"No CUDA GPU, so: M {','.join(map(str, request.ms))} in place of vLLM's 18 (the interpreter is "
+                     "slow). --m chooses.", "yellow")
         if state["task"] is None or bar.tasks[state["task"]].description != what:
             state["task"] = bar.add_task(what, total=total, status="")
         bar.update(state["task"], completed=done, total=total, status=_status())
