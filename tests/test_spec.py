@@ -234,3 +234,41 @@ def test_a_spec_name_that_is_not_a_plain_file_name_part_is_refused_by_sweep(tmp_
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: {spec}: sweep name") and "plain file-name part" in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]  # no --out, nothing beside it
+
+
+def test_the_size_warning_names_each_large_shape_against_the_interpreter_bound():
+    from moebench.bench.spec import (
+        INTERPRETER_MAX_WEIGHTS,
+        SWEEPS_DIR,
+        interpreter_size_warning,
+        load_spec,
+        weight_elements,
+    )
+    from moebench.models import get_model
+
+    quick = load_spec(SWEEPS_DIR / "quick.yaml")
+    line = interpreter_size_warning(quick)
+    assert line is not None and "\n" not in line
+    for name in ("mixtral-8x7b", "deepseek-v3"):
+        w = weight_elements(get_model(name))
+        assert w > INTERPRETER_MAX_WEIGHTS and f"{w:,}" in line and f"({w / INTERPRETER_MAX_WEIGHTS:.0f}x)" in line
+    assert line.startswith(f"warning: {len(quick.points())} point(s)") and f"{INTERPRETER_MAX_WEIGHTS:,}" in line
+    assert interpreter_size_warning(load_spec(SWEEPS_DIR / "cpu.yaml")) is None  # the tiny shape runs in seconds
+
+
+def test_a_sweep_of_a_large_shape_on_the_interpreter_warns_before_it_runs(tmp_path):
+    """A shape above the bound (3 * 8 * 512 * 512 = 6.3M weight elements), torch path at M=1: the command warns
+    in one line on stderr and still runs."""
+    from helpers import moebench_in_process
+
+    from moebench._interpret import interpreting
+
+    if not interpreting():
+        pytest.skip("describes a machine without a CUDA GPU")
+    spec = tmp_path / "mid.yaml"
+    spec.write_text("name: mid\nm: [1]\nshapes: [{name: mid, experts: 8, hidden: 512, intermediate: 512, topk: 2}]\n")
+    proc = moebench_in_process("sweep", str(spec), "--dtype", "fp16", "--m", "1", "--path", "torch",
+                               "--no-progress", "--out", str(tmp_path / "runs"), "--format", "csv")
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if line.startswith("warning: 1 point(s)")]
+    assert len(warned) == 1 and "mid 6,291,456 (2x)" in warned[0], proc.stderr

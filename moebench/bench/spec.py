@@ -307,6 +307,9 @@ def _block(path: Path, data: dict) -> Block:
 
 GPU_MS = (1, 16, 128, 1024, 4096)  # the flags' M: decode to prefill
 INTERPRETER_MS = (1, 16, 64)  # the cpu spec's M: what the interpreter runs in seconds
+# weight elements (3 * E * hidden * I) one point may have for the interpreter to run it in seconds; tiny: 196,608.
+# trace refuses a larger shape there; a sweep warns (interpreter_size_warning).
+INTERPRETER_MAX_WEIGHTS = 1 << 22
 DEFAULT_MS = ",".join(map(str, GPU_MS))
 
 
@@ -412,3 +415,23 @@ def for_interpreter(spec: SweepSpec, target: Target, dtypes_given: bool = False,
         return spec, None
     note = f"No CUDA GPU, so: {'; '.join(swaps.values())}. --dtype, --path and --m choose."
     return replace(spec, blocks=tuple(blocks)), note
+
+
+def weight_elements(shape: MoEShape) -> int:
+    """The weight elements of one layer of ``shape``: w1 (gate and up) and w2 of every expert."""
+    return 3 * shape.experts * shape.hidden * shape.intermediate
+
+
+def interpreter_size_warning(spec: SweepSpec) -> str | None:
+    """One line warning that the interpreter runs ``spec``'s largest shapes slowly (their weight elements per
+    point against ``INTERPRETER_MAX_WEIGHTS``), or None where every shape is within it."""
+    large = sorted((s for s in spec.shapes if weight_elements(s) > INTERPRETER_MAX_WEIGHTS), key=weight_elements,
+                   reverse=True)
+    if not large:
+        return None
+    points = sum(1 for p, _ in spec.points() if weight_elements(p.shape) > INTERPRETER_MAX_WEIGHTS)
+    sizes = ", ".join(f"{s.name} {weight_elements(s):,} ({weight_elements(s) / INTERPRETER_MAX_WEIGHTS:.0f}x)"
+                      for s in large)
+    return (f"warning: {points} point(s) have more weight elements than the interpreter runs in seconds "
+            f"({INTERPRETER_MAX_WEIGHTS:,}): {sizes}; each may take minutes or more. "
+            "--model tiny or a smaller shape runs fast.")

@@ -65,7 +65,7 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     is run again: the rows it has are kept, the rest are run.
     """
     from moebench._interpret import interpreting
-    from moebench.bench.spec import default_spec_file, for_interpreter, from_options
+    from moebench.bench.spec import default_spec_file, for_interpreter, from_options, interpreter_size_warning
     from moebench.bench.sweep import run_sweep, validate
     from moebench.paths.base import Target
     from moebench.store.resume import stop_on_sigterm
@@ -92,6 +92,8 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
              "CPU timings check correctness only; they are not GPU performance.", "yellow")
         if changed:
             note(changed, "yellow")
+        if too_large := interpreter_size_warning(sweep_spec):
+            note(too_large, "yellow")
     bar = progress_bar(progress)
     with stop_on_sigterm(), bar:
         task = bar.add_task("measuring ceilings" if not interpreter else "sweeping", total=None)

@@ -15,7 +15,6 @@ TABLES = ("summary", "events", "requests")
 DEFAULT_REQUESTS = 1000
 # The interpreter runs a layer call in tenths of a second even on a tiny shape: fewer, smaller requests there.
 INTERPRETER_REQUESTS, INTERPRETER_MAX_TOKENS = 20, 256
-INTERPRETER_MAX_WEIGHTS = 1 << 22  # weight elements (3 * E * hidden * I) the interpreter replays; tiny: 196,608
 
 
 def _counts(dist, csv_file, requests, seed, max_tokens, interpreter) -> tuple[list[int], str]:
@@ -105,6 +104,7 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     import pandas as pd
 
     from moebench._interpret import interpreting
+    from moebench.bench.spec import INTERPRETER_MAX_WEIGHTS
     from moebench.report import tables as report
     from moebench.serve import streams
     from moebench.serve import trace as tr
