@@ -72,3 +72,18 @@ def test_without_a_gpu_it_refuses_in_one_line_and_writes_nothing(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().count("\n") == 0 and "no CUDA GPU" in proc.stderr
     assert not into.exists() and not (tmp_path / "runs").exists()
+
+
+def test_an_unknown_dtype_is_one_line_naming_it_and_the_known_ones(tmp_path):
+    """`tune-tables --dtype nope` names the unknown dtype and lists the table's dtypes (not "any model in nope"),
+    exit 2, and creates nothing."""
+    from helpers import moebench_in_process
+
+    from moebench.dtypes import DTYPES
+
+    proc = moebench_in_process("tune-tables", "--dtype", "nope", "--into", str(tmp_path / "t"), "--out",
+                               str(tmp_path / "r"), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert "unknown dtype 'nope'" in line and all(name in line for name in DTYPES)
+    assert list(tmp_path.iterdir()) == []
