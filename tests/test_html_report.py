@@ -293,3 +293,23 @@ def test_a_browser_draws_the_page(tmp_path, kernels_page):
     pixels = imread(shot)
     assert pixels.shape[:2] == (2400, 1280)
     assert len({tuple(p) for p in pixels.reshape(-1, pixels.shape[-1])[::97]}) > 10  # text, rules, a chart
+
+
+@pytest.mark.parametrize("fail", ["os.open", "os.replace"])
+def test_report_html_errors_name_the_page_not_its_temp_file(tmp_path, monkeypatch, fail):
+    """`report --html page.html` failing while it writes (the temp file refused, or its rename) is one line that
+    names page.html, the file asked for, never the hidden temp file beside it; nothing is left there."""
+    import errno
+
+    from helpers import moebench_in_process
+
+    def refuse(src, *args, **kwargs):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(src), *args[:1] if fail == "os.replace" else ())
+
+    monkeypatch.setattr(os, fail.split(".")[1], refuse)
+    page = tmp_path / "page.html"
+    proc = moebench_in_process("report", str(KERNELS), "--html", str(page), "--format", "csv", cwd=tmp_path)
+    assert proc.returncode == 2
+    (line,) = [s for s in proc.stderr.splitlines() if s.startswith("error")]
+    assert line == f"error: {page}: {os.strerror(errno.EACCES)}"
+    assert list(tmp_path.iterdir()) == []
