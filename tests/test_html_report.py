@@ -313,3 +313,37 @@ def test_report_html_errors_name_the_page_not_its_temp_file(tmp_path, monkeypatc
     (line,) = [s for s in proc.stderr.splitlines() if s.startswith("error")]
     assert line == f"error: {page}: {os.strerror(errno.EACCES)}"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_page_without_floors_shows_no_nan_figure(tmp_path):
+    """Rows with no % of floor (a tune run measures no ceilings) keep the gains table but print no "geometric
+    mean nan% of floor" line: the figure is left out where there is none. Driven through `report --html`."""
+    from helpers import moebench_in_process
+
+    folder = tmp_path / "tune-run"
+    folder.mkdir()
+    meta = json.loads((KERNELS / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps({**meta, "tune": True, "ceilings": None}))
+    rows = [{**json.loads(line), "pct_of_floor": None} for line in _kernel_rows_text().splitlines()]
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = moebench_in_process("report", str(folder), "--html", str(tmp_path / "page.html"), "--format", "csv",
+                               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    page = Page((tmp_path / "page.html").read_text())
+    assert page.table("Triton gains") and "nan" not in page.all_text() and "geometric mean" not in page.all_text()
+
+
+def test_a_trace_page_counts_its_requests_and_lists_no_sweep_method(tmp_path):
+    """A trace run's page says how many requests it traced (not "0 rows") and its method names no sweep-only
+    figure (% of floor, time_us): a trace has neither. Driven through `trace` then `report --html`."""
+    from helpers import moebench_in_process
+
+    proc = moebench_in_process("trace", "--model", "tiny", "--dtype", "fp16", "--requests", "3", "--out", "runs",
+                               "--no-progress", "--format", "csv", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (run,) = list((tmp_path / "runs").iterdir())
+    proc = moebench_in_process("report", str(run), "--html", str(tmp_path / "page.html"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = Page((tmp_path / "page.html").read_text()).all_text()
+    assert "1 run, 3 traced requests;" in text and "0 rows" not in text
+    assert "% of floor" not in text and "time_us" not in text
