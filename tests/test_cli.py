@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -370,3 +371,22 @@ def test_gate_exit_status_on_the_committed_baseline(tmp_path):
     assert proc.returncode == 2
     (line,) = _error_lines(proc.stderr)
     assert "lacks" in line
+
+
+def test_sweep_dtype_help_names_every_dtype_of_the_table():
+    """`sweep --help` lists the dtypes read from `moebench.dtypes.DTYPES`, `fp8-tensor-static` included."""
+    from moebench.dtypes import DTYPES
+
+    proc = moebench("sweep", "--help")
+    assert proc.returncode == 0, proc.stderr
+    flat = re.sub(r"-\s+", "-", " ".join(proc.stdout.split()))  # click may wrap after a hyphen
+    assert all(name in flat for name in DTYPES), flat
+
+
+def test_trace_csv_error_shows_the_cell_as_a_plain_number(tmp_path):
+    """A negative token count in `trace --csv` is named as the file holds it (-3), not as numpy's np.int64(-3)."""
+    (tmp_path / "lens.csv").write_text("prompt_len\n4\n-3\n")
+    proc = moebench("trace", "--model", "tiny", "--csv", "lens.csv", "--out", "out", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 2
+    (line,) = _error_lines(proc.stderr)
+    assert "line 3 holds -3" in line and "np." not in line

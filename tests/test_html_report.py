@@ -293,3 +293,57 @@ def test_a_browser_draws_the_page(tmp_path, kernels_page):
     pixels = imread(shot)
     assert pixels.shape[:2] == (2400, 1280)
     assert len({tuple(p) for p in pixels.reshape(-1, pixels.shape[-1])[::97]}) > 10  # text, rules, a chart
+
+
+@pytest.mark.parametrize("fail", ["os.open", "os.replace"])
+def test_report_html_errors_name_the_page_not_its_temp_file(tmp_path, monkeypatch, fail):
+    """`report --html page.html` failing while it writes (the temp file refused, or its rename) is one line that
+    names page.html, the file asked for, never the hidden temp file beside it; nothing is left there."""
+    import errno
+
+    from helpers import moebench_in_process
+
+    def refuse(src, *args, **kwargs):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(src), *args[:1] if fail == "os.replace" else ())
+
+    monkeypatch.setattr(os, fail.split(".")[1], refuse)
+    page = tmp_path / "page.html"
+    proc = moebench_in_process("report", str(KERNELS), "--html", str(page), "--format", "csv", cwd=tmp_path)
+    assert proc.returncode == 2
+    (line,) = [s for s in proc.stderr.splitlines() if s.startswith("error")]
+    assert line == f"error: {page}: {os.strerror(errno.EACCES)}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_page_without_floors_shows_no_nan_figure(tmp_path):
+    """Rows with no % of floor (a tune run measures no ceilings) keep the gains table but print no "geometric
+    mean nan% of floor" line: the figure is left out where there is none. Driven through `report --html`."""
+    from helpers import moebench_in_process
+
+    folder = tmp_path / "tune-run"
+    folder.mkdir()
+    meta = json.loads((KERNELS / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps({**meta, "tune": True, "ceilings": None}))
+    rows = [{**json.loads(line), "pct_of_floor": None} for line in _kernel_rows_text().splitlines()]
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = moebench_in_process("report", str(folder), "--html", str(tmp_path / "page.html"), "--format", "csv",
+                               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    page = Page((tmp_path / "page.html").read_text())
+    assert page.table("Triton gains") and "nan" not in page.all_text() and "geometric mean" not in page.all_text()
+
+
+def test_a_trace_page_counts_its_requests_and_lists_no_sweep_method(tmp_path):
+    """A trace run's page says how many requests it traced (not "0 rows") and its method names no sweep-only
+    figure (% of floor, time_us): a trace has neither. Driven through `trace` then `report --html`."""
+    from helpers import moebench_in_process
+
+    proc = moebench_in_process("trace", "--model", "tiny", "--dtype", "fp16", "--requests", "3", "--out", "runs",
+                               "--no-progress", "--format", "csv", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    (run,) = list((tmp_path / "runs").iterdir())
+    proc = moebench_in_process("report", str(run), "--html", str(tmp_path / "page.html"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = Page((tmp_path / "page.html").read_text()).all_text()
+    assert "1 run, 3 traced requests;" in text and "0 rows" not in text
+    assert "% of floor" not in text and "time_us" not in text

@@ -102,3 +102,18 @@ def test_a_refusal_as_on_a_gpu_creates_no_out_folder(tmp_path, monkeypatch, args
     assert proc.returncode == 2, proc.stderr
     assert says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not fresh.exists()
+
+
+def test_an_unknown_dtype_is_one_line_naming_it_and_the_known_ones(tmp_path):
+    """`tune-tables --dtype nope` names the unknown dtype and lists the table's dtypes (not "any model in nope"),
+    exit 2, and creates nothing."""
+    from helpers import moebench_in_process
+
+    from moebench.dtypes import DTYPES
+
+    proc = moebench_in_process("tune-tables", "--dtype", "nope", "--into", str(tmp_path / "t"), "--out",
+                               str(tmp_path / "r"), cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert "unknown dtype 'nope'" in line and all(name in line for name in DTYPES)
+    assert list(tmp_path.iterdir()) == []

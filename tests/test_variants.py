@@ -77,3 +77,14 @@ def test_interpreter_rows_get_correctness_not_speed(kernels):
     table = compare_within(rows, "path")
     assert "speedup" not in table.columns
     assert set(table["verdict"]) == {"CORRECT", "BROKEN"} and (table["verdict"] == "BROKEN").sum() == 1
+
+
+def test_by_swap_ab_on_a_run_without_pairs_is_one_line_exit_2():
+    """h200-kernels has Swap-AB on and off rows but never at the same point: `compare --by swap_ab` says so in
+    one line and exits 2, as for a run with one variant only, instead of an empty table "against None"."""
+    from helpers import moebench_in_process
+
+    proc = moebench_in_process("compare", str(KERNELS), "--by", "swap_ab")
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert "no point of this run has both swap_ab 'off' and swap_ab 'on'" in line

@@ -192,7 +192,7 @@ def _compare_within(run: Path, by: str, base_variant, fmt: str, threshold: float
 
     df = load_runs([run]).rows
     table = compare_within(df, by, base_variant, min_threshold=threshold)
-    _show(table, fmt, f"{run}: by {by}, against {table['base'].iloc[0] if len(table) else base_variant}")
+    _show(table, fmt, f"{run}: by {by}, against {table['base'].iloc[0]}")  # never empty: compare_within refuses
 
 
 @click.command()

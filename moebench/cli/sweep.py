@@ -9,6 +9,7 @@ import click
 
 from moebench.cli.console import FORMATS, note, out_console, progress_bar
 from moebench.cli.report import TABLES, print_tables
+from moebench.dtypes import DTYPE_NAMES
 
 
 @click.command()
@@ -24,7 +25,7 @@ from moebench.cli.report import TABLES, print_tables
 @click.option("--m", "ms", default=None,
               help="Token counts, comma list. [default: 1,16,128,1024,4096; without a GPU 1,16,64]")
 @click.option("--dtype", "dtypes", default=None,
-              help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128; comma list. "
+              help=f"{DTYPE_NAMES}; comma list. "
                    "[default: bf16; without a GPU fp16]")
 @click.option("--path", "paths", default=None,
               help="triton, triton-classic, cutlass, torch; comma list. "

@@ -126,6 +126,17 @@ def _definitions(pairs: Iterable[tuple[str, str]]) -> str:
     return f'<table class="meta"><tbody>{body}</tbody></table>'
 
 
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def _counts(runs: Runs) -> str:
+    """What the runs hold: benchmark rows (sweeps, tunes) and traced requests, each where there are any."""
+    requests = sum(len(r.rows) for r in runs.traces)
+    parts = [_plural(len(runs.rows), "row")] if len(runs.rows) or not requests else []
+    return ", ".join(parts + ([_plural(requests, "traced request")] if requests else []))
+
+
 def _header(runs: Runs) -> str:
     labels = [r.label for r in runs.runs]
     commits = list(dict.fromkeys(str(r.meta.get("git_commit") or "unknown") for r in runs.runs))
@@ -135,7 +146,7 @@ def _header(runs: Runs) -> str:
     sweeps = list(dict.fromkeys(str(r.meta["sweep"]) for r in runs.runs if r.meta.get("sweep")))
     what = f"sweep {', '.join(sweeps)}; " if sweeps else ""
     parts = [f"<h1>moebench: {_e(', '.join(labels) or 'no runs')}</h1>",
-             f'<p class="lede">{len(labels)} run{"s" * (len(labels) != 1)}, {len(runs.rows)} rows; {_e(what)}'
+             f'<p class="lede">{len(labels)} run{"s" * (len(labels) != 1)}, {_e(_counts(runs))}; {_e(what)}'
              f"ran {_e(when)}; commit {_e(', '.join(commits))}; on {_e(', '.join(runs.devices))}</p>"]
     interp = [r.label for r in runs.runs if r.interpreter]
     if interp:
@@ -199,6 +210,9 @@ def _method(runs: Runs) -> str:
     else:
         timing = "".join(f"<li><b>Timing</b> of {_e(', '.join(labels))}: {_e(m)}.</li>"
                          for m, labels in methods.items())
+    if runs.rows.empty and runs.traces:  # traces only: requests replayed, no checked point, floor or layer time
+        return (f"<ul>{timing}<li>Each trace replays its requests through the MoE layer and records when each "
+                "one's kernels compiled and ran: the cold-start table below.</li></ul>")
     check = ("<li><b>Checked first</b>: every point is run once into a NaN-poisoned output and checked against a "
              "plain-PyTorch float32 reference, within its dtype's tolerance, before it is timed; only a correct "
              "point is timed (the torch path is the reference and is not checked).</li>")
@@ -262,9 +276,10 @@ def _tables(runs: Runs, tuned: pd.DataFrame | None) -> str:
                 '<p class="note">Per triton point: its best time and config, and three ratios (above 1: the '
                 "first is faster): <code>swap_gain</code> = no-swap / Swap-AB time, <code>fp8_gain</code> = bf16 / "
                 "fp8 time at the same model and M, <code>vs_cutlass</code> = cutlass / triton time.</p>",
-                table_html(gains),
-                f"<p class=summary>{_e(f'{len(gains)} points: geometric mean {geo:.1f}% of floor, lowest {low:.1f}%')}"
-                "</p>"]
+                table_html(gains)]
+        if pd.notna(geo):  # no % of floor where no run measured ceilings (a tune run)
+            summary = f"{len(gains)} points: geometric mean {geo:.1f}% of floor, lowest {low:.1f}%"
+            out.append(f"<p class=summary>{_e(summary)}</p>")
     if tuned is not None and len(tuned):
         out += ["<h3>Tuned configs</h3>",
                 '<p class="note">From the tune runs\' best configs: the chosen config\'s time beside the '

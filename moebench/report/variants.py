@@ -42,7 +42,8 @@ def compare_within(df: pd.DataFrame, by: str, base: str | None = None, min_thres
 
     GPU rows: ``[*point, base, variant, base_us, variant_us, speedup, noise, verdict]``; interpreter
     rows: ``[*point, base, variant, base_correct, variant_correct, verdict]`` (CORRECT / BROKEN / FIXED /
-    INCORRECT, the variant against the base). UserError for an unknown ``by`` or a base no row has.
+    INCORRECT, the variant against the base). UserError for an unknown ``by``, a base no row has, or a run
+    where no point ran both the base and another variant (nothing to pair).
     """
     if by not in BY_DEFAULT_BASE:
         raise UserError(f"cannot compare by {by!r}; choose one of: {', '.join(BY_DEFAULT_BASE)}")
@@ -57,7 +58,17 @@ def compare_within(df: pd.DataFrame, by: str, base: str | None = None, min_thres
     point = point_columns(by)
     group = [*point, "_variant"]
     if is_interpreter(rows):
-        return _check_within(rows, point, group, base)
+        table = _check_within(rows, point, group, base)
+    else:
+        table = _time_within(rows, point, group, base, min_threshold)
+    if table.empty:
+        others = " or ".join(repr(v) for v in values if v != base)
+        raise UserError(f"no point of this run has both {by} {base!r} and {by} {others}: nothing to pair")
+    return table
+
+
+def _time_within(rows: pd.DataFrame, point: list[str], group: list[str], base: str,
+                 min_threshold: float) -> pd.DataFrame:
     times = point_times(rows, group)
     b = times[times["_variant"] == base].drop(columns="_variant")
     v = times[times["_variant"] != base].rename(columns={"_variant": "variant"})

@@ -47,6 +47,11 @@ def distribution_label(kind: str, max_tokens: int = MAX_TOKENS) -> str:
             }.get(kind, kind) + f" in 1..{max_tokens}"
 
 
+def _plain(value: object) -> object:
+    """A cell as a plain Python value, so a message shows ``-3``, not ``np.int64(-3)``."""
+    return value.item() if hasattr(value, "item") else value
+
+
 def read_prompt_lengths(path: Path | str) -> list[int]:
     """The token counts in a CSV file, in order: its column ``prompt_len`` or ``tokens``, else its first
     numeric column. UserError (one line) for a file that is missing, not CSV, or holds no positive integers."""
@@ -65,6 +70,6 @@ def read_prompt_lengths(path: Path | str) -> list[int]:
     values = pd.to_numeric(df[column], errors="coerce")
     bad = [i for i, v in enumerate(values) if not (v >= 1 and float(v).is_integer())]
     if bad or values.empty:
-        where = f"line {bad[0] + 2} holds {df[column].iloc[bad[0]]!r}" if bad else "it has no rows"
+        where = f"line {bad[0] + 2} holds {_plain(df[column].iloc[bad[0]])!r}" if bad else "it has no rows"
         raise UserError(f"--csv {path}: column {column!r} must hold positive token counts; {where}")
     return [int(v) for v in values]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from moebench.dtypes import DTYPE_NAMES, DTYPES
 from moebench.errors import UserError
 from moebench.models import MoEShape, get_model, shard
 
@@ -61,9 +62,11 @@ SERVED: tuple[Served, ...] = (
 
 def select(models: Iterable[str] = (), dtypes: Iterable[str] = ()) -> list[Served]:
     """The entries of ``SERVED`` for ``models`` (preset names or aliases; all where empty) and ``dtypes``;
-    UserError for a model or a dtype no entry has."""
+    UserError for an unknown dtype, or a model or a dtype no entry has."""
     wanted = {get_model(m).name for m in models}
     dtypes = set(dtypes)
+    for d in sorted(dtypes - set(DTYPES)):
+        raise UserError(f"unknown dtype {d!r}; known: {DTYPE_NAMES}")
     for m in wanted - {s.model for s in SERVED}:
         raise UserError(f"{m} has no served entry; served models: {', '.join(dict.fromkeys(s.model for s in SERVED))}")
     chosen = [s for s in SERVED if (not wanted or s.model in wanted) and (not dtypes or s.dtype in dtypes)]
