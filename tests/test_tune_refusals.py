@@ -83,20 +83,31 @@ def test_the_default_options_are_in_range():
     assert fast.Options(share=0, climbs=0, top=1, per_shape=0) and exhaustive.Options(limit=1, final=1)
 
 
-def test_on_the_interpreter_without_m_it_tunes_the_small_list_and_says_so(tmp_path):
-    """No --m on the interpreter: the sweep's small M list (1,16,64), not vLLM's 18, in meta.json, and one note
-    line on stderr saying so; options that screen one config per M keep it fast."""
+def test_on_the_interpreter_without_m_it_tunes_the_small_list_and_says_so(tmp_path, monkeypatch):
+    """No --m on the interpreter: the tune is asked for the sweep's small M list (1,16,64), not vLLM's 18, and
+    one note line says so once it starts. The tune itself is a stand-in that records its request, starts and
+    stops: what runs after the request is the tune's own tests' business."""
     from moebench._interpret import interpreting
     from moebench.bench.spec import INTERPRETER_MS
-    from moebench.store.runfolder import load_run
+    from moebench.errors import UserError
+    from moebench.tune import run
 
     if not interpreting():
         pytest.skip("describes a machine without a CUDA GPU")
-    proc = moebench_in_process("tune", "--model", "tiny", "--no-progress", "--out", str(tmp_path), "--format", "json",
-                               *(a for o in ("top=1", "per_shape=0", "lead=1", "climbs=0", "final=1", "share=0")
-                                 for a in ("--option", o)))
-    assert proc.returncode == 0, proc.stderr
-    meta, _ = load_run(json.loads(proc.stdout)["run"])
-    assert meta["tuning"]["ms"] == list(INTERPRETER_MS) == [1, 16, 64]
+    asked = []
+
+    def stand_in(request, out_base, *, on_progress=None, **_):
+        asked.append(request.ms)
+        on_progress("screen", 0, 1)
+        raise UserError("stand-in stops here")
+
+    monkeypatch.setattr(run, "tune", stand_in)
+    proc = moebench_in_process("tune", "--model", "tiny", "--no-progress", "--out", str(tmp_path))
+    assert [list(ms) for ms in asked] == [list(INTERPRETER_MS)] == [[1, 16, 64]], asked
     said = [line for line in proc.stderr.splitlines() if "in place of vLLM's 18" in line]
     assert len(said) == 1 and "M 1,16,64" in said[0], proc.stderr
+    given = []
+    monkeypatch.setattr(run, "tune", lambda request, out_base, **_: given.append(request.ms) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # --m given: kept as it is
+        moebench_in_process("tune", "--model", "tiny", "--no-progress", "--out", str(tmp_path), "--m", "2,3")
+    assert list(given[0]) == [2, 3]
