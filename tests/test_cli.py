@@ -373,11 +373,12 @@ def test_gate_exit_status_on_the_committed_baseline(tmp_path):
     assert "lacks" in line
 
 
-def test_sweep_dtype_help_names_every_dtype_of_the_table():
-    """`sweep --help` lists the dtypes read from `moebench.dtypes.DTYPES`, `fp8-tensor-static` included."""
+@pytest.mark.parametrize("command", ["sweep", "tune", "warmup", "trace"])
+def test_dtype_help_names_every_dtype_of_the_table(command):
+    """`--help` lists the dtypes read from `moebench.dtypes.DTYPES`, `fp8-tensor-static` included."""
     from moebench.dtypes import DTYPES
 
-    proc = moebench("sweep", "--help")
+    proc = moebench(command, "--help")
     assert proc.returncode == 0, proc.stderr
     flat = re.sub(r"-\s+", "-", " ".join(proc.stdout.split()))  # click may wrap after a hyphen
     assert all(name in flat for name in DTYPES), flat

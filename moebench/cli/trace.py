@@ -9,6 +9,7 @@ import click
 
 from moebench.cli.console import FORMATS, emit, note, out_console, progress_bar
 from moebench.cli.shape import one_shape, shape_options
+from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
 
 TABLES = ("summary", "events", "requests")
@@ -48,7 +49,7 @@ def _summary_for_people(summary: dict):
 
 @click.command("trace")
 @shape_options("A preset (see `moebench models`). [default without a GPU: tiny]")
-@click.option("--dtype", default=None, help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128. "
+@click.option("--dtype", default=None, help=f"{DTYPE_NAMES}. "
                                             "[default: bf16; without a GPU fp16]")
 @click.option("--dist", default="lognormal", show_default=True, type=click.Choice(["lognormal", "uniform",
                                                                                     "decode-mix"]),

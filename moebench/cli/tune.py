@@ -9,6 +9,7 @@ import click
 
 from moebench.cli.console import FORMATS, emit, load_run_warned, note, out_console, progress_bar
 from moebench.cli.shape import one_shape, shape_options, token_counts
+from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
 from moebench.tables.formats import FORMATS as LAYOUTS
 from moebench.tune.space import SPACES
@@ -51,7 +52,7 @@ def summary_rows(result) -> list[dict]:
 
 @click.command()
 @shape_options()
-@click.option("--dtype", default=None, help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128. "
+@click.option("--dtype", default=None, help=f"{DTYPE_NAMES}. "
                                             "[default: bf16; without a GPU fp16]")
 @click.option("--path", "path_name", default="triton-classic", show_default=True,
               type=click.Choice(list(SPACES)),

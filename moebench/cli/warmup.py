@@ -9,6 +9,7 @@ import click
 
 from moebench.cli.console import TEXT_FORMATS, note, progress_bar
 from moebench.cli.shape import one_shape, shape_options
+from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
 
 
@@ -49,7 +50,7 @@ def summary_line(plan, report) -> str:
               help="A moebench table file (export-configs --layout moebench): its configs, each M at its nearest key, "
                    "on its shape.")
 @shape_options()
-@click.option("--dtype", default=None, help="bf16, fp16, fp32, fp8-tensor, fp8-channel, fp8-block128 (with a shape).")
+@click.option("--dtype", default=None, help=f"{DTYPE_NAMES} (with a shape).")
 @click.option("--configs", "configs_dir", type=click.Path(path_type=Path), default=None,
               help="A folder of moebench tables looked in before $MOEBENCH_CONFIGS and the shipped tables.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
