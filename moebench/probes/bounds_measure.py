@@ -9,7 +9,6 @@ them on tiny shapes with a timer of their own.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from moebench.probes.bounds import (
     problem_of,
     summarize,
 )
-from moebench.store.runfolder import RunWriter, ensure_out_dir, new_run_dir
+from moebench.store.runfolder import RunWriter, check_out_dir, ensure_out_dir, new_run_dir
 
 Timer = Callable[[Callable[[], None]], float]  # median microseconds of one call of a closure
 
@@ -164,17 +163,6 @@ def run_row(point: dict, row: dict, ceilings: Ceilings) -> dict:
     if row.get("error"):
         out["error"] = f"bounds: {row['error']}"
     return out
-
-
-def check_out_dir(out_base: Path) -> None:
-    """Check, creating nothing, that ``--out`` can hold run folders: not a file, and its nearest existing
-    folder takes new files; UserError (one line) where not. ``open_writer`` creates it once measuring starts."""
-    base = Path(out_base).absolute()
-    existing = next(p for p in (base, *base.parents) if p.exists())
-    if not existing.is_dir():
-        raise UserError(f"--out {out_base}: a file is in the way ({existing})")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"--out {out_base}: cannot create files in {existing}")
 
 
 def _create_out_dir(out_base: Path) -> None:

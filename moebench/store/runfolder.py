@@ -50,6 +50,18 @@ def ensure_out_dir(base: Path) -> Path:
     return base
 
 
+def check_out_dir(folder: Path, flag: str = "--out") -> None:
+    """Check, creating nothing, that ``folder`` can be made and take files: not a file in the way, and its
+    nearest existing folder takes new files; UserError (one line, naming ``flag``) where not. Commands call it
+    before their work so a refusal leaves no folder; ``ensure_out_dir`` creates it when the work starts."""
+    full = Path(folder).absolute()
+    existing = next(p for p in (full, *full.parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"{flag} {folder}: a file is in the way ({existing})")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {folder}: cannot create files in {existing}")
+
+
 def new_run_dir(base: Path, name: str) -> Path:
     """A fresh folder name under ``base`` (not created): ``<UTC time>-<name>``."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())

@@ -76,27 +76,15 @@ def select(models: Iterable[str] = (), dtypes: Iterable[str] = ()) -> list[Serve
     return chosen
 
 
-def check_folder(folder: Path, flag: str) -> None:
-    """UserError (one line) where ``folder`` cannot be created or written: a file in the way, or a nearest
-    existing folder that takes no new files. Creates nothing, so a refusal leaves no folder behind."""
-    import os
-
-    full = Path(folder).absolute()
-    existing = next(p for p in (full, *full.parents) if p.exists())
-    if not existing.is_dir():
-        raise UserError(f"{flag} {folder}: a file is in the way ({existing})")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{flag} {folder}: cannot create files in {existing}")
-
-
 def check(out_base: Path, into: Path, gpus: int | None) -> None:
     """Every check of ``tune_tables``'s own arguments before it creates anything: the worker count and the two
     folders (each entry's request is checked by its tune)."""
+    from moebench.store.runfolder import check_out_dir
     from moebench.workers.pools import check_pool_choice
 
     check_pool_choice(gpus, None)
-    check_folder(out_base, "--out")
-    check_folder(into, "--into")
+    check_out_dir(out_base, "--out")
+    check_out_dir(into, "--into")
 
 
 @dataclass(frozen=True)
