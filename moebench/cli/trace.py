@@ -105,7 +105,7 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     import pandas as pd
 
     from moebench._interpret import interpreting
-    from moebench.bench.spec import INTERPRETER_MAX_WEIGHTS
+    from moebench.bench.spec import INTERPRETER_MAX_WEIGHTS, weight_elements
     from moebench.report import tables as report
     from moebench.serve import streams
     from moebench.serve import trace as tr
@@ -120,7 +120,7 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
                             "--intermediate")
         model = "tiny"
     shape = one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep, "trace")
-    weights = 3 * shape.experts * shape.hidden * shape.intermediate
+    weights = weight_elements(shape)
     if interpreter and weights > INTERPRETER_MAX_WEIGHTS:
         raise UserError(f"without a GPU the interpreter replays tiny shapes only: {shape.name} has {weights:,} "
                         f"weight elements, more than {INTERPRETER_MAX_WEIGHTS:,}; try --model tiny")
