@@ -18,7 +18,7 @@ from moebench.dtypes import get_dtype
 from moebench.errors import UserError
 from moebench.models import get_model, model_names
 from moebench.tables.formats.moebench import file_name
-from moebench.tune.served import OPTIONS, SERVED, select
+from moebench.tune.served import PATH, SERVED, select
 from moebench.tune.strategies import fast
 
 
@@ -41,8 +41,11 @@ def test_every_preset_but_the_made_up_one_is_served_and_each_table_is_written_on
         ("deepseek", "kimi"))), "a model whose bf16 checkpoint fits on H200s lacks its bf16 entry"
 
 
-def test_the_options_are_the_fast_strategys():
-    fast.Options(**dict(OPTIONS))  # a name the strategy lacks raises TypeError
+def test_the_served_paths_defaults_are_fast_strategy_options():
+    """tune-tables runs the default strategy with the path's own defaults: each is an option of it."""
+    defaults = fast.PATH_DEFAULTS[PATH]
+    opts = fast.Options(**defaults)  # a name the strategy lacks raises TypeError
+    assert all(getattr(opts, k) == v for k, v in defaults.items())
 
 
 def test_select_filters_by_model_alias_and_dtype():

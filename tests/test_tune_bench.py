@@ -184,3 +184,23 @@ def test_a_resumed_tune_takes_the_same_decisions_and_measures_only_what_is_missi
     assert resumed == chosen
     assert len(kept) == 0, "a kept row was not served again"
     assert new == rows[cut:], "the resumed tune measured something it had, or not what the first one would have"
+
+
+def test_the_bench_counts_what_each_phase_compiled_or_timed_and_kept_rows_cost_nothing():
+    """``split``: per phase, the configs compiled or the (M, config) pairs timed, and the wall time spent; a
+    resumed tune's kept answers are not counted, as they were not measured again."""
+    cands, seen = candidates(), []
+    pool = FixedPool(cands.facts)
+    bench = PoolBench("triton-classic", problems(), pool, pool, seen.append)
+    configs = cands.ranked(16)[:6]
+    failed = bench.compile(configs)
+    bench.time({M: configs for M in MS}, "screen")
+    split = bench.split()
+    assert split["compile"]["n"] == len(configs)
+    assert split["screen"]["n"] == len(MS) * (len(configs) - len(failed))
+    assert all(v["s"] >= 0 for v in split.values())
+    again = PoolBench("triton-classic", problems(), pool, pool, lambda t: None, Kept(seen))
+    again.compile(configs)
+    again.time({M: configs for M in MS}, "screen")
+    assert again.split()["compile"]["n"] == len(configs) - len(failed)  # a first run that ran left no row
+    assert again.split()["screen"]["n"] == 0

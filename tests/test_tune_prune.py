@@ -3,7 +3,6 @@ shared-memory rule lets through all that Triton runs, and the rules keep every c
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -155,9 +154,18 @@ def test_every_group_at_or_above_the_row_tiles_gives_one_order(num_pid_m):
     assert len(orders) <= 1
 
 
-def test_same_order_reads_the_groups_the_space_searches():
-    searched = [d for d in get_space("triton-classic").engine if d.name == "GROUP_SIZE_M"][0].values
-    assert inspect.signature(same_order).parameters["groups"].default == searched
+@pytest.mark.parametrize("kernel", ["triton-classic", "triton"])
+def test_same_order_keeps_the_smallest_group_the_kernels_space_searches(kernel):
+    """With one row tile, every group gives one order: the rule keeps only the smallest value of the kernel's
+    own space (moebench's kernel searches 8, the engines' form does not)."""
+    searched = [d for d in get_space(kernel).engine if d.name == "GROUP_SIZE_M"][0].values
+    f = Facts(kernel, 5, 64, 1, 1024, 512, 2, False, 227 * 1024)  # five slots of 64 experts
+    cfg = TileConfig(16, 64, 64, 1, 4, 3)
+    rows = f.row_tiles(cfg)
+    assert 1 < rows <= 8
+    kept = [g for g in searched if not same_order(replace(cfg, GROUP_SIZE_M=g), f)]
+    assert kept == [g for g in searched if g < rows] + [min(g for g in searched if g >= rows)]
+    assert kept[-1] == (8 if kernel == "triton" else 16)
 
 
 @pytest.mark.parametrize("name", RECORDINGS)

@@ -227,8 +227,9 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
     import time
 
     from moebench._interpret import interpreting
-    from moebench.tune.served import OPTIONS, check, select
+    from moebench.tune.served import PATH, check, select
     from moebench.tune.served import tune_tables as run_all
+    from moebench.tune.strategies import DEFAULT, get_strategy
 
     entries = select(models, dtypes)
     counts = token_counts(ms)
@@ -246,8 +247,8 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
         raise UserError("tune-tables times GPU kernels and there is no CUDA GPU here (--list shows the entries)")
     check(out_dir, into, gpus)  # before anything is created: each tune creates --out, each export --into
     started = time.monotonic()
-    options = " ".join(f"{k}={v}" for k, v in OPTIONS)
-    note(f"{len(entries)} table(s), fast strategy with {options}")
+    options = " ".join(f"{k}={v}" for k, v in getattr(get_strategy(DEFAULT), "PATH_DEFAULTS", {}).get(PATH, {}).items())
+    note(f"{len(entries)} table(s), the {DEFAULT} strategy with {options or 'its defaults'}")
 
     bar, state = progress_bar(progress), {"entry": "", "task": None, "what": None}
 

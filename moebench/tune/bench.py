@@ -10,6 +10,7 @@ only what is missing. ``ReplayBench`` (``tune.replay``) answers from recorded ti
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -99,12 +100,25 @@ class PoolBench(Bench):
         self.on_result, self.kept = on_result, kept or Kept()
         self.on_progress = on_progress or (lambda what, done, total: None)
         self.failed: dict[tuple, Timed] = {}
+        self.seconds: dict[str, float] = defaultdict(float)  # wall time spent per phase ("compile", "screen", ...)
+        self.counts: dict[str, int] = defaultdict(int)  # configs compiled, or (M, config) pairs timed, per phase
+
+    def split(self) -> dict[str, dict]:
+        """Per phase, the wall seconds spent and the configs compiled or timed: where a tune's time goes."""
+        return {phase: {"s": round(s, 1), "n": self.counts[phase]} for phase, s in self.seconds.items()}
 
     def _new(self, timed: Timed) -> Timed:
         self.on_result(timed)
         return timed
 
     def compile(self, configs: Sequence[TileConfig]) -> dict[tuple, Timed]:
+        started = time.monotonic()
+        try:
+            return self._compile(configs)
+        finally:
+            self.seconds["compile"] += time.monotonic() - started
+
+    def _compile(self, configs: Sequence[TileConfig]) -> dict[tuple, Timed]:
         m0 = self.ms[0]  # token counts are not specialized: any M compiles the same kernels; the smallest runs fastest
         todo = []
         for cfg in dict((c.key(), c) for c in configs if c.key() not in self.failed).values():
@@ -113,6 +127,7 @@ class PoolBench(Bench):
                 self.failed[cfg.key()] = kept
             else:
                 todo.append(cfg)
+        self.counts["compile"] += len(todo)
         tasks = [Task(f"{self.jobs}:first_run", (self.path, self.problems[m0], c), c.key(), COMPILE_TIMEOUT_S)
                  for c in todo]
         by_key = {c.key(): c for c in todo}
@@ -141,8 +156,11 @@ class PoolBench(Bench):
                     answers[(M, cfg.key())] = kept
                 else:
                     missing.setdefault(M, []).append(cfg)
+        started = time.monotonic()
+        self.counts[phase] += sum(len(cs) for cs in missing.values())
         for timed in self._measure(missing, phase):
             answers[(timed.M, timed.config.key())] = self._new(timed)
+        self.seconds[phase] += time.monotonic() - started
         return {M: [answers[(M, c.key())] for c in configs if (M, c.key()) in answers] for M, configs in work.items()}
 
     def _measure(self, work: Mapping[int, Sequence[TileConfig]], phase: str) -> list[Timed]:

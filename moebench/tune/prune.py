@@ -11,6 +11,14 @@ A rule drops a config only where running it cannot beat a config the space keeps
 - ``same-order``: GROUP_SIZE_M at or above the grid's row tiles gives one program order whatever its
   value, so only the smallest such value is kept (the others are the same kernel run the same way).
 Each rule is tested on its own and, on the recorded exhaustive H200 timings, never drops the best.
+
+``OWN_RULES`` judge moebench's own fields of a config whose six engine fields the rules above keep:
+- ``quant-x``: GEMM1 quantizing x is fp8-block128's (the kernel refuses it elsewhere);
+- ``tma-rows``: TMA needs weight rows of a multiple of 16 bytes (refused elsewhere);
+- ``split-full``: a split over K (GEMM1's or GEMM2's) where the unsplit grid already fills two waves of
+  the SMs adds partial sums and no parallelism;
+- ``direct-many``: a tile per slot where slots outnumber experts twice over reads most experts' weights
+  twice or more, where one 16-row tile of the align step reads them once.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from moebench.hardware import DeviceLimits
 from moebench.kernels.align import max_padded_len
 from moebench.problem import Problem
 from moebench.tile import TileConfig, busy_slots
+from moebench.tune.space import group_values
 
 MAX_ACC_REGS = 255  # registers a thread may hold
 
@@ -39,12 +48,13 @@ class Facts:
     operand_bytes: int  # bytes per element of the GEMMs' operands (1 at fp8)
     block128: bool  # fp8 with 128x128 block scales
     smem_bytes: int
+    sms: int = 132
 
     @classmethod
     def of(cls, problem: Problem, kernel: str, limits: DeviceLimits) -> Facts:
         s, spec = problem.shape, problem.spec
         return cls(kernel, problem.M, s.experts, s.topk, s.hidden, s.intermediate, spec.weight_bytes,
-                   spec.fp8_scheme == "block128", limits.smem_bytes)
+                   spec.fp8_scheme == "block128", limits.smem_bytes, limits.sms)
 
     @property
     def slots(self) -> int:
@@ -98,10 +108,11 @@ def tall_tile(cfg: TileConfig, f: Facts) -> bool:
     return cfg.BLOCK_SIZE_M > max(64, 2 * _pow2_at_least(f.busy))
 
 
-def same_order(cfg: TileConfig, f: Facts, groups: Iterable[int] = (1, 16, 32, 64)) -> bool:
+def same_order(cfg: TileConfig, f: Facts, groups: Iterable[int] | None = None) -> bool:
     rows = f.row_tiles(cfg)
     if cfg.GROUP_SIZE_M < rows:
         return False
+    groups = group_values(f.kernel) if groups is None else groups  # the values the kernel's space searches
     smallest = min((g for g in groups if g >= rows), default=cfg.GROUP_SIZE_M)
     return cfg.GROUP_SIZE_M > smallest
 
@@ -114,6 +125,30 @@ class Rule:
 
 RULES = (Rule("block-scale", block_scale), Rule("shared-memory", shared_memory), Rule("registers", registers),
          Rule("tall-tile", tall_tile), Rule("same-order", same_order))
+
+
+def quant_x(cfg: TileConfig, f: Facts) -> bool:
+    return cfg.gemm1_quant_x and not f.block128
+
+
+def tma_rows(cfg: TileConfig, f: Facts) -> bool:
+    return cfg.gemm1_tma and (f.hidden * f.operand_bytes) % 16 != 0
+
+
+def split_full(cfg: TileConfig, f: Facts) -> bool:
+    touched = min(f.experts, f.slots)  # row tiles at least (as handpicked.split_for counts them)
+    gemm1 = touched * -(-f.intermediate // cfg.BLOCK_SIZE_N)
+    gemm2 = max(touched, -(-f.slots // cfg.BLOCK_SIZE_M)) * -(-f.hidden // cfg.block_n2)
+    return (cfg.split_k > 1 and gemm1 >= 2 * f.sms) or (cfg.gemm2_split_k > 1 and gemm2 >= 2 * f.sms)
+
+
+def direct_many(cfg: TileConfig, f: Facts) -> bool:
+    return cfg.direct_route and f.slots > 2 * f.experts
+
+
+OWN_RULES = (Rule("quant-x", quant_x), Rule("tma-rows", tma_rows), Rule("split-full", split_full),
+             Rule("direct-many", direct_many))
+OWN_RUNNABLE = OWN_RULES[:2]  # the rules that drop only what the kernel refuses (kept without pruning)
 
 
 def prune(configs: Iterable[TileConfig], facts: Facts,

@@ -34,7 +34,8 @@ from moebench.store.runfolder import RunWriter, ensure_out_dir, new_run_dir
 from moebench.tile import TileConfig
 from moebench.tune.bench import Kept, PoolBench, Timed
 from moebench.tune.candidates import Candidates
-from moebench.tune.prune import RULES, Facts
+from moebench.tune.prune import OWN_RULES, OWN_RUNNABLE, RULES, Facts
+from moebench.tune.seeds import known_seeds
 from moebench.tune.space import get_space
 from moebench.tune.strategies import DEFAULT, get_strategy
 from moebench.workers.jobs import BUDGETS
@@ -77,8 +78,9 @@ class TuneResult:
 
 def _options(request: TuneRequest):
     module = get_strategy(request.strategy)
+    defaults = getattr(module, "PATH_DEFAULTS", {}).get(request.path, {})  # the path's own defaults, if any
     try:
-        return module.Options(**dict(request.options))
+        return module.Options(**{**defaults, **dict(request.options)})
     except TypeError:
         known = ", ".join(module.Options.__dataclass_fields__)
         raise UserError(f"strategy {request.strategy!r} takes options: {known}") from None
@@ -189,7 +191,9 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
     target, path, problems = ok.target, ok.path, ok.problems
     limits = DeviceLimits.current()
     facts = {M: Facts.of(p, request.path, limits) for M, p in problems.items()}
-    cands = Candidates(ok.space, facts, rules=RULES if request.prune else RULES[:1])
+    cands = Candidates(ok.space, facts, rules=RULES if request.prune else RULES[:1],
+                       seeds=known_seeds(path, problems, limits),
+                       own_rules=OWN_RULES if request.prune else OWN_RUNNABLE)
     meta = describe(target.interpreter)
     meta.update(sweep=ok.name, tune=True, request=request.key,
                 tuning={"path": request.path, "model": request.shape.name, "dtype": request.dtype,
@@ -221,7 +225,7 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
     for r in writer.kept:
         if r.get("path") == request.path and r.get("config"):
             count(_timed(r))
-    pools = ()
+    pools, bench = (), None
     try:
         with stop_on_sigterm():
             pools = _pools(target, gpus, ray, compile_jobs, problems[min(problems)])
@@ -241,7 +245,7 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
     finally:
         for pool in {id(p): p for p in pools}.values():
             pool.close()
-        writer.end(stopped, wall_s=round(time.monotonic() - started, 1),
+        writer.end(stopped, wall_s=round(time.monotonic() - started, 1), split=bench.split() if bench else {},
                    pruned={str(M): d for M, d in cands.dropped.items()})
     return result
 

@@ -4,7 +4,7 @@
 fp8 checkpoint) at the tensor-parallel degree that fits it on H200s (141 GB each) with room for the KV cache.
 A table is keyed by (experts, per-GPU intermediate size, device, dtype), so another TP degree is another
 table; the lookup falls back to the heuristic there. ``tune_tables`` runs ``moebench tune --path triton``
-on each entry with ``OPTIONS`` (the fast strategy, narrowed: it runs once per table on one GPU) and writes
+on each entry with its default options (the fast strategy with the path's defaults) and writes
 the chosen configs as moebench tables (``export-configs --layout moebench``), which ``moebench/tables/shipped``
 holds for the H200.
 """
@@ -20,9 +20,6 @@ from moebench.errors import UserError
 from moebench.models import MoEShape, get_model, shard
 
 PATH = "triton"  # moebench's kernel: the path whose tables the lookup reads
-# fast-strategy options for a table: each M screens its own seeds (share=0), one per tile shape, and climbs
-# twice from its fastest; tests/test_tune_strategies.py checks share=0 against exhaustive recordings.
-OPTIONS = (("top", 2), ("per_shape", 1), ("lead", 1), ("climbs", 2), ("share", 0))
 
 
 @dataclass(frozen=True)
@@ -117,7 +114,7 @@ def tune_tables(entries: list[Served], out_base: Path, into: Path, ms: tuple[int
             on_entry(i, entry)
         run_dir = None
         try:
-            run_dir = tune(TuneRequest(entry.shape, entry.dtype, PATH, ms, "fast", OPTIONS), out_base,
+            run_dir = tune(TuneRequest(entry.shape, entry.dtype, PATH, ms), out_base,
                            **(tune_kwargs or {})).run_dir
             meta, df = load_run(run_dir)
             written = export_run(meta, df, into, layout="moebench", source_run=str(run_dir))

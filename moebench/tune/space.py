@@ -43,12 +43,16 @@ ENGINE_DIMS = (
     Dim("num_stages", (2, 3, 4, 5), "software-pipeline depth of the K loop"),
 )
 
+# moebench's kernel: the same six, GROUP_SIZE_M also at 8 (the L2 grouping its best known prefill configs use).
+OWN_ENGINE_DIMS = tuple(Dim(d.name, (1, 8, 16, 32, 64), d.why) if d.name == "GROUP_SIZE_M" else d
+                        for d in ENGINE_DIMS)
+
 # moebench's own fields, each from its off position (the default) to the values its kernel runs.
 OWN_DIMS = (
     Dim("swap_ab", (False, True), "the expert dimension on the MMA's 64-row side"),
     Dim("atomic_sum", (True, False), "top-k sum by atomics, or rows stored then summed"),
     Dim("atomic_out", (False, True), "atomics into the output's own dtype"),
-    Dim("split_k", (1, 2, 4, 8), "GEMM1 split over K where its grid is small"),
+    Dim("split_k", (1, 2, 4, 8, 16), "GEMM1 split over K where its grid is small"),
     Dim("gemm2_split_k", (1, 2, 4, 8), "GEMM2 split over K"),
     Dim("direct_route", (False, True), "a tile per slot, no align step"),
     Dim("gemm2_block_n", (0, 64, 128, 256), "GEMM2's own tile width (0: BLOCK_SIZE_N)"),
@@ -105,7 +109,7 @@ class Space:
 
 SPACES: dict[str, Space] = {
     "triton-classic": Space("triton-classic", ENGINE_DIMS),
-    "triton": Space("triton", ENGINE_DIMS, OWN_DIMS),
+    "triton": Space("triton", OWN_ENGINE_DIMS, OWN_DIMS),
 }
 
 
@@ -114,3 +118,8 @@ def get_space(path: str) -> Space:
         return SPACES[path]
     except KeyError:
         raise UserError(f"no search space for path {path!r}; tunable: {', '.join(SPACES)}") from None
+
+
+def group_values(path: str) -> tuple[int, ...]:
+    """The GROUP_SIZE_M values ``path``'s space searches."""
+    return next(d.values for d in get_space(path).engine if d.name == "GROUP_SIZE_M")

@@ -1,14 +1,15 @@
-"""The default strategy: the cost model's first few per M, screened at every M, a local search from the
+"""The default strategy: known seeds and the cost model's first few, screened, a local search from the
 leaders, then the best few re-timed.
 
-1. Seed: the union over M of each M's first configs by the cost model, overall and per tile shape
-   (``_seeds``). A config compiled once runs at every M (token counts are not specialized), so by default
-   every seed is screened at every M where the pruning rules keep it; with ``share=0`` each M screens only
-   its own seeds, which costs a fraction of the screens where the kernel's screens, not its compiles,
-   dominate (moebench's kernel: more launches per timing, more configs per M).
-2. Climb: from each M's ``lead`` fastest, the configs one step away (``Candidates.steps``) not yet timed
-   there are compiled and screened; repeated ``climbs`` times for the M whose leaders changed. This
-   corrects the model where it ranks a good config low.
+1. Seed: each M's known seeds (``Candidates.seeds``: the path's default and, for moebench's kernel, the
+   hand-picked candidates), screened at that M, and the union over M of each M's first configs by the cost
+   model, overall and per tile shape (``_seeds``). A config compiled once runs at every M (token counts are
+   not specialized), so by default every model seed is screened at every M where the pruning rules keep it;
+   with ``share=0`` each M screens only its own.
+2. Climb: each M screens the configs one step from its ``lead`` fastest (``Candidates.steps``) and the
+   ``borrow`` fastest of each neighbouring M, those not yet timed there; repeated ``climbs`` times for the M
+   whose leaders, or whose neighbours' leaders, changed. The steps correct the model where it ranks a good
+   config low; borrowing carries a config found at one M to the next, where it is often best too.
 3. Final: each M's ``final`` fastest screens are re-timed at the final budget; the fastest is chosen.
 """
 
@@ -32,33 +33,43 @@ class Options:
     lead: int = 4  # per M, the fastest configs the climb steps from
     climbs: int = 5  # climb steps at most
     final: int = 4  # configs per M re-timed at the final budget
-    share: int = 1  # 1: every seed screened at every M; 0: each M screens its own seeds only
+    share: int = 1  # 1: every model seed screened at every M; 0: each M screens its own seeds only
+    borrow: int = 1  # per climb step, the fastest configs of each neighbouring M screened at M too
 
     def __post_init__(self) -> None:
         check_ranges("fast", self, {"per_shape": (0, None), "top": (0, None), "lead": (1, None),
-                                    "climbs": (0, None), "final": (1, None), "share": (0, 1)})
+                                    "climbs": (0, None), "final": (1, None), "share": (0, 1),
+                                    "borrow": (0, None)})
         if self.top == 0 and self.per_shape == 0:
             raise UserError("strategy 'fast': options top=0 and per_shape=0 seed nothing (one of them 1 or more)")
 
 
+# Per path, the defaults that differ from ``Options()``. moebench's kernel (``triton``) screens at about 38 ms a
+# config and M on an H200 against a few ms in the engines' form, and has many known seeds per M: each M screens
+# its own seeds, the model's first two and one per tile shape, and climbs twice from its fastest.
+PATH_DEFAULTS = {"triton": dict(top=2, per_shape=1, lead=1, climbs=2, share=0)}
+
+
 def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
-    own = {M: list({c.key(): c for c in _seeds(cands.ranked(M), opts)}.values()) for M in bench.ms}
-    seed = list({c.key(): c for M in bench.ms for c in own[M]}.values())
-    failed = bench.compile(seed)
+    model = {M: _unique(_seeds(cands.ranked(M), opts)) for M in bench.ms}
+    shared = _unique(c for M in bench.ms for c in model[M])
+    first = {M: _unique(cands.seeds(M) + (shared if opts.share else model[M])) for M in bench.ms}
+    failed = bench.compile(_unique(c for cs in first.values() for c in cs))
     timed: dict[int, dict[tuple, object]] = {M: {} for M in bench.ms}  # M -> config key -> its screen
 
     def screen(work):
         for M, ts in bench.time(work, "screen").items():
             timed[M].update((t.config.key(), t) for t in ts)
 
-    screen({M: [c for c in (seed if opts.share else own[M]) if c.key() not in failed and cands.allowed(M, c)]
-            for M in bench.ms})
+    screen({M: [c for c in cs if c.key() not in failed and cands.allowed(M, c)] for M, cs in first.items()})
     leaders = {M: fastest(timed[M].values(), opts.lead) for M in bench.ms}
-    moved = set(bench.ms)  # the M whose leaders changed at the last step: only they climb on
+    moved = set(bench.ms)  # the M whose leaders changed at the last step: they and their neighbours climb on
     for _ in range(opts.climbs):
         work = {}
-        for M in moved:
+        for M in (_with_neighbours(moved, bench.ms) if opts.borrow else sorted(moved)):
             near = {s.key(): s for t in leaders[M] for s in cands.steps(t.config)}
+            near.update((t.config.key(), t.config) for n in _neighbours(M, bench.ms)
+                        for t in leaders[n][:opts.borrow])
             fresh = [c for k, c in near.items() if k not in timed[M] and k not in failed and cands.allowed(M, c)]
             if fresh:
                 work[M] = fresh
@@ -71,6 +82,19 @@ def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
         leaders = new
     finals = bench.time({M: [t.config for t in fastest(timed[M].values(), opts.final)] for M in bench.ms}, "final")
     return {M: (best[0].config if (best := fastest(ts)) else None) for M, ts in finals.items()}
+
+
+def _unique(configs) -> list:
+    return list({c.key(): c for c in configs}.values())
+
+
+def _neighbours(M: int, ms: tuple[int, ...]) -> list[int]:
+    i = ms.index(M)
+    return [ms[j] for j in (i - 1, i + 1) if 0 <= j < len(ms)]
+
+
+def _with_neighbours(moved: set[int], ms: tuple[int, ...]) -> list[int]:
+    return [M for M in ms if M in moved or any(n in moved for n in _neighbours(M, ms))]
 
 
 def _seeds(ranked: list, opts: Options) -> list:

@@ -1,0 +1,162 @@
+"""What a tune of moebench's kernel starts from and what it may step to: known seeds (the path's default, the
+hand-picked candidates) screened at their own M, the own-field rules, the borrowing of a neighbouring M's
+leader, and the path's own default options."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from moebench.hardware import HOPPER
+from moebench.models import get_model
+from moebench.paths.registry import get_path
+from moebench.problem import Problem
+from moebench.tile import TileConfig
+from moebench.tune import seeds as seeds_module
+from moebench.tune.candidates import Candidates
+from moebench.tune.handpicked import candidates as handpicked
+from moebench.tune.prune import OWN_RULES, Facts, direct_many, quant_x, split_full, tma_rows
+from moebench.tune.replay import ReplayBench
+from moebench.tune.run import VLLM_MS, TuneRequest, _options
+from moebench.tune.seeds import known_seeds
+from moebench.tune.served import SERVED
+from moebench.tune.space import get_space
+from moebench.tune.strategies import fast
+
+QWEN = get_model("qwen3-30b-a3b")
+
+
+def facts(M: int, shape=QWEN, dtype: str = "bf16", kernel: str = "triton") -> Facts:
+    return Facts.of(Problem(shape, M, dtype), kernel, HOPPER)
+
+
+# --- known seeds -------------------------------------------------------------------------------------------
+
+def test_seeds_are_the_default_then_the_handpicked_candidates_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(seeds_module, "interpreting", lambda: False)
+    problems = {M: Problem(QWEN, M, "bf16") for M in (1, 4096)}
+    path = get_path("triton")
+    got = known_seeds(path, problems, HOPPER)
+    for M, p in problems.items():
+        keys = [c.key() for c in got[M]]
+        assert keys[0] == path.default_config(p).key()
+        assert len(keys) == len(set(keys))
+        assert {c.key() for c in handpicked(p, limits=HOPPER)} <= set(keys)
+
+
+def test_the_engines_form_and_the_interpreter_seed_only_the_default(monkeypatch):
+    problems = {M: Problem(QWEN, M, "bf16") for M in (1, 64)}
+    monkeypatch.setattr(seeds_module, "interpreting", lambda: False)
+    classic = get_path("triton-classic")
+    assert {M: [c.key() for c in cs] for M, cs in known_seeds(classic, problems, HOPPER).items()} == {
+        M: [classic.default_config(p).key()] for M, p in problems.items()}
+    monkeypatch.setattr(seeds_module, "interpreting", lambda: True)
+    ours = get_path("triton")
+    assert all(len(cs) == 1 for cs in known_seeds(ours, problems, HOPPER).values())
+
+
+@pytest.mark.parametrize("entry", SERVED, ids=lambda e: e.name)
+def test_the_space_and_its_rules_keep_every_handpicked_candidate_of_every_served_entry(entry):
+    """The declared space holds every value the hand-picked candidates use, and no rule drops one: a seed the
+    search may not screen would be lost."""
+    space = get_space("triton")
+    values = {d.name: set(d.values) for d in space.dims}
+    for M in VLLM_MS:
+        problem = Problem(entry.shape, M, entry.dtype)
+        cands = Candidates(space, {M: Facts.of(problem, "triton", HOPPER)},
+                           seeds={M: handpicked(problem, limits=HOPPER)})
+        hand = handpicked(problem, limits=HOPPER)
+        outside = [(n, v) for c in hand for n, v in c.as_dict().items() if n in values and v not in values[n]]
+        assert not outside, f"M={M}: {outside[:3]}"
+        assert len(cands.seeds(M)) == len(hand), f"M={M}"
+
+
+def test_steps_from_a_seed_skip_a_dimension_whose_value_the_space_lacks():
+    cands = Candidates(get_space("triton-classic"), {1: facts(1, kernel="triton-classic")})
+    seed = TileConfig(16, 64, 128, 8, 4, 4)  # GROUP_SIZE_M=8: not in the engines' form's space
+    steps = cands.steps(seed)
+    assert steps and all(s.GROUP_SIZE_M == 8 for s in steps)
+
+
+# --- own-field rules ---------------------------------------------------------------------------------------
+
+def test_quant_x_and_tma_rows_drop_only_what_the_kernel_refuses():
+    cfg = TileConfig(16, 64, 128, direct_route=True, gemm1_quant_x=True)
+    assert quant_x(cfg, facts(1)) and not quant_x(cfg, facts(1, dtype="fp8-block128"))
+    tma = TileConfig(64, 128, 64, gemm1_tma=True)
+    assert not tma_rows(tma, facts(64))
+    odd = replace(facts(64), hidden=2056 + 1)  # rows of 2057 x 2 bytes: not a multiple of 16
+    assert tma_rows(tma, odd)
+
+
+def test_split_over_k_is_dropped_only_where_the_unsplit_grid_fills_two_waves():
+    cfg = TileConfig(16, 64, 128, split_k=4)
+    small, large = facts(1), facts(4096)  # 8 experts x 12 column tiles = 96 programs; 128 x 12
+    assert not split_full(cfg, small) and split_full(cfg, large)
+    cfg2 = TileConfig(16, 64, 128, gemm2_split_k=2)
+    assert not split_full(cfg2, small) and split_full(cfg2, large)
+    assert not split_full(TileConfig(16, 64, 128), large)  # no split: nothing to drop
+
+
+def test_a_tile_per_slot_is_dropped_once_slots_outnumber_experts_twice():
+    cfg = TileConfig(16, 64, 128, direct_route=True)
+    experts, topk = QWEN.experts, QWEN.topk
+    at = 2 * experts // topk  # slots == 2 x experts
+    assert not direct_many(cfg, facts(at)) and direct_many(cfg, facts(at + 1))
+    assert not direct_many(replace(cfg, direct_route=False), facts(4096))
+
+
+def test_candidates_allow_an_own_field_config_only_where_no_own_rule_drops_it():
+    cands = Candidates(get_space("triton"), {1: facts(1), 4096: facts(4096)})
+    split = TileConfig(16, 64, 128, 1, 4, 4, split_k=4)
+    assert cands.allowed(1, split) and not cands.allowed(4096, split)
+    loose = Candidates(get_space("triton"), {4096: facts(4096)}, own_rules=OWN_RULES[:2])
+    assert loose.allowed(4096, split)
+
+
+# --- the fast strategy's seeds and borrowing ---------------------------------------------------------------
+
+def replay_space(ms=(1, 2, 4)):
+    """A small replayed space of moebench's kernel: the model's first 30 configs per M, timed slower
+    in the order the model ranks them, and a seed (``seed``) that is best at M=2 only."""
+    cands = Candidates(get_space("triton"), {M: facts(M) for M in ms})
+    configs = {c.key(): c for M in ms for c in cands.ranked(M)[:30]}
+    # two own fields from a ranked config: no step of a climb reaches it, and the model never ranks it
+    seed = replace(next(iter(configs.values())), atomic_out=True, gemm2_columns_first=True)
+    times = {(M, k): 100.0 + i for M in ms for i, k in enumerate(configs)}
+    times.update({(M, seed.key()): 200.0 for M in ms})
+    times[(2, seed.key())] = 50.0
+    return cands, configs, seed, times
+
+
+def test_a_known_seed_is_screened_at_its_own_m_and_can_be_chosen():
+    cands, _, seed, times = replay_space()
+    cands._seeds = {2: [seed]}
+    bench = ReplayBench(times, noise=0.0)
+    chosen = fast.search(cands, bench, fast.Options(share=0, climbs=0, borrow=0))
+    assert chosen[2].key() == seed.key()
+    assert chosen[1].key() != seed.key() and chosen[4].key() != seed.key()
+
+
+def test_borrowing_screens_a_neighbours_leader_at_m():
+    """A seed best at M=2 and given there only is screened at M=1 and M=4 through borrowing, and chosen where
+    it is fastest there too."""
+    cands, _, seed, times = replay_space()
+    times[(4, seed.key())] = 60.0
+    cands._seeds = {2: [seed]}
+    without = fast.search(cands, ReplayBench(times, noise=0.0), fast.Options(share=0, climbs=1, borrow=0))
+    borrowed = fast.search(cands, ReplayBench(times, noise=0.0), fast.Options(share=0, climbs=1, borrow=1))
+    assert without[4].key() != seed.key()
+    assert borrowed[4].key() == seed.key() and borrowed[1].key() != seed.key()
+
+
+# --- the path's default options ----------------------------------------------------------------------------
+
+def test_the_paths_defaults_apply_and_given_options_win():
+    ours = _options(TuneRequest(QWEN, "bf16", "triton"))
+    assert all(getattr(ours, k) == v for k, v in fast.PATH_DEFAULTS["triton"].items())
+    theirs = _options(TuneRequest(QWEN, "bf16", "triton-classic"))
+    assert theirs == fast.Options()
+    given = _options(TuneRequest(QWEN, "bf16", "triton", options=(("share", 1),)))
+    assert given.share == 1 and given.top == fast.PATH_DEFAULTS["triton"]["top"]
