@@ -48,7 +48,7 @@ from moebench.dtypes import DTYPE_NAMES
                    "came from (config_source).")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
               help="With --tune on a GPU: worker processes that compile each point's candidates before it is "
-                   "timed; 0 compiles them one by one in the sweep's process. [default: cores - 1, at most 12]")
+                   "timed; 0 compiles them one by one in the sweep's process. [default: cores - 1, at most 15]")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
 @click.option("--fresh", is_flag=True,
               help="Start a new run folder even where a stopped run of the same sweep under --out could resume.")

@@ -69,7 +69,7 @@ def summary_rows(result) -> list[dict]:
 @click.option("--ray", "ray_address", default=None, is_flag=False, flag_value="auto", metavar="[ADDRESS]",
               help="Run the workers on a Ray cluster (ADDRESS; alone: Ray's default). Needs moebench[ray].")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
-              help="Processes that compile and first-run configs. [default: cores - 1, at most 12]")
+              help="Processes that compile and first-run configs. [default: cores - 1, at most 15]")
 @click.option("--check-against", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Another tune's run folder (e.g. an exhaustive one): its choices re-timed beside this run's.")
 @click.option("--seed", default=0, show_default=True, help="Input seed.")
@@ -217,7 +217,7 @@ def export_configs(run, out_dir, layout, engine_triton):
               help="Where the tunes' run folders are created.")
 @click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
-              help="Processes that compile and first-run configs. [default: cores - 1, at most 12]")
+              help="Processes that compile and first-run configs. [default: cores - 1, at most 15]")
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
 def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs, progress):
     """Tune moebench's kernel for each preset at the TP degree and dtypes it is served in, and write the

@@ -57,7 +57,7 @@ def summary_line(plan, report) -> str:
               help="Warm every launch the triton path makes for 1..N tokens (each M at the config the lookup "
                    "gives it), once per distinct launch.")
 @click.option("--jobs", type=click.IntRange(min=0), default=None,
-              help="Worker processes that compile; 0 compiles in this one. [default: cores - 1, at most 12]")
+              help="Worker processes that compile; 0 compiles in this one. [default: cores - 1, at most 15]")
 @click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Triton cache folder to compile into. [default: $TRITON_CACHE_DIR, else Triton's ~/.triton/cache]")
 @click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(TEXT_FORMATS))

@@ -7,8 +7,10 @@ warmup all first-run through ``first_run``; a timing call checks each config at 
 output) before it times it (``measure.point``). Results are plain tuples, so they pickle across processes and
 Ray.
 
-A worker holds one shape's weights at a time and the inputs of one M, with its float32 reference once a check
-asks for it, so the many calls of a sweep or a tune rebuild nothing. Workers of one compile pool build their
+A worker holds one shape's weights at a time and the inputs of each M it was asked for (up to
+``POINTS_BYTES``, the oldest dropped first), with their float32 reference once a check asks for it, so the many
+calls of a sweep or a tune rebuild nothing: a tune returns to each M several times, and a reference costs a
+float32 copy of every expert's weights. Workers of one compile pool build their
 weights one at a time (``share_builds``), and give the build's temporaries back to the GPU before the next.
 """
 
@@ -29,8 +31,10 @@ BUDGETS = {"screen": dict(budget_s=0.01, min_reps=5, max_reps=10, warmup=1),
            "final": dict(budget_s=0.1, min_reps=25, max_reps=100, warmup=2)}
 BUDGETS["default"] = BUDGETS["check"] = BUDGETS["final"]  # chosen configs re-timed beside others, as in "final"
 
-# This process's weights (of ``weights_of``: shape, dtype, seed) and its point: (problem, inputs, ref, out).
-_state: dict = {"weights_of": None, "weights": None, "point": None}
+# This process's weights (of ``weights_of``: shape, dtype, seed) and its points: problem -> (inputs, ref, out),
+# oldest first.
+_state: dict = {"weights_of": None, "weights": None, "points": {}}
+POINTS_BYTES = 2 << 30  # the most the points of one worker keep on the device
 _building = nullcontext()  # in a compile pool, the pool's lock: one worker builds weights at a time
 
 
@@ -42,7 +46,7 @@ def share_builds(lock) -> None:
 
 def release() -> None:
     """Drop the weights and inputs this process holds (after first runs in the caller's own process)."""
-    _state.update(weights_of=None, weights=None, point=None)
+    _state.update(weights_of=None, weights=None, points={})
     _empty_cache()
 
 
@@ -71,18 +75,26 @@ def _point(problem: Problem, reference: bool):
             _state["weights"] = make_weights(problem.shape, problem.dtype, problem.seed, device)
             _empty_cache()  # the build's temporaries, back to the GPU for the next worker's build
         _state["weights_of"] = weights_of
-    point = _state["point"]
-    if point is None or point[0] != problem:
-        _state["point"] = None  # one M at a time
+    points = _state["points"]
+    if problem not in points:
         inputs = make_inputs(problem, device, _state["weights"])
         out = torch.empty(problem.M, problem.shape.hidden, device=device, dtype=problem.spec.act)
-        point = _state["point"] = (problem, inputs, None, out)
-    if reference and point[2] is None:
-        inputs = point[1]
+        points[problem] = (inputs, None, out)
+    if reference and points[problem][1] is None:
+        inputs, _, out = points[problem]
         ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids)
-        point = _state["point"] = (problem, inputs, ref, point[3])
+        points[problem] = (inputs, ref, out)
         _empty_cache()  # the reference's float32 weights, back to the GPU
-    return point[1:]
+    point = points.pop(problem)
+    points[problem] = point  # the newest last
+    while len(points) > 1 and sum(_point_bytes(p) for p in points.values()) > POINTS_BYTES:
+        del points[next(iter(points))]
+    return point
+
+
+def _point_bytes(point) -> int:
+    inputs, ref, out = point
+    return sum(t.numel() * t.element_size() for t in (inputs.x, out, ref) if t is not None)
 
 
 def classify(e: BaseException) -> str:

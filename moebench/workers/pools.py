@@ -18,8 +18,8 @@ from moebench.problem import Problem
 from moebench.workers.local import LocalPool
 from moebench.workers.task import Pool
 
-# Compile workers by default: one per core but one (the caller's own), at most 12.
-MAX_DEFAULT_JOBS = 12
+# Compile workers by default: one per core but one (the caller's own), at most 15.
+MAX_DEFAULT_JOBS = 15
 # GPU memory a worker takes besides the weights: its CUDA context, the point's inputs and the layer's buffers.
 WORKER_OVERHEAD_BYTES = 1 << 30
 
