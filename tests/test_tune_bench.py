@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import zlib
 from pathlib import Path
 
@@ -154,8 +155,9 @@ class Stop(Exception):
     """The tune is killed here."""
 
 
-def pool_tune(kept: Kept | None = None, stop_after: int | None = None):
-    """A fast tune on fixed pools: (choices, or None where it was stopped; the rows it wrote, in order)."""
+def pool_tune(kept: Kept | None = None, stop_after: int | None = None, two_pools: bool = False):
+    """A fast tune on fixed pools: (choices, or None where it was stopped; the rows it wrote, in order). With
+    ``two_pools``, compiling and timing overlap (``PoolBench.compile_and_time``)."""
     cands, rows = candidates(), []
 
     def on_result(timed: Timed) -> None:
@@ -164,7 +166,8 @@ def pool_tune(kept: Kept | None = None, stop_after: int | None = None):
             raise Stop
 
     pool = FixedPool(cands.facts)
-    bench = PoolBench("triton-classic", problems(), pool, pool, on_result, kept)
+    bench = PoolBench("triton-classic", problems(), FixedPool(cands.facts) if two_pools else pool, pool, on_result,
+                      kept)
     try:
         return fast.search(cands, bench), rows
     except Stop:
@@ -186,6 +189,24 @@ def test_a_resumed_tune_takes_the_same_decisions_and_measures_only_what_is_missi
     assert new == rows[cut:], "the resumed tune measured something it had, or not what the first one would have"
 
 
+def test_a_resumed_overlapped_tune_takes_the_same_decisions_and_measures_only_what_is_missing():
+    """With compiling and timing overlapped the rows' order depends on which first run comes first, so what is
+    measured again is compared as a set."""
+    chosen, rows = pool_tune(two_pools=True)
+    assert chosen == pool_tune()[0]
+    cut = len(rows) // 2
+    stopped, written = pool_tune(stop_after=cut, two_pools=True)
+    assert stopped is None and len(written) == cut
+    kept = Kept(written)
+    resumed, new = pool_tune(kept=kept, two_pools=True)
+    assert resumed == chosen and len(kept) == 0
+
+    def what(ts):
+        return sorted((t.M, t.config.key(), t.phase or "") for t in ts)
+
+    assert what(written + new) == what(rows)
+
+
 def test_the_bench_counts_what_each_phase_compiled_or_timed_and_kept_rows_cost_nothing():
     """``split``: per phase, the configs compiled or the (M, config) pairs timed, and the wall time spent; a
     resumed tune's kept answers are not counted, as they were not measured again."""
@@ -204,3 +225,54 @@ def test_the_bench_counts_what_each_phase_compiled_or_timed_and_kept_rows_cost_n
     again.time({M: configs for M in MS}, "screen")
     assert again.split()["compile"]["n"] == len(configs) - len(failed)  # a first run that ran left no row
     assert again.split()["screen"]["n"] == 0
+
+
+class LoggedPool(FixedPool):
+    """A FixedPool that logs what it runs; as a compile pool (``hold``), it holds back its later first runs until
+    a timing has run, so a bench that overlaps the two is seen to (and one that does not would wait forever:
+    the hold gives up after a few seconds)."""
+
+    def __init__(self, facts, log: list, name: str, hold: threading.Event | None = None, timed=None):
+        super().__init__(facts)
+        self.log, self.name, self.hold, self.timed = log, name, hold, timed
+
+    def run(self, tasks):
+        tasks = list(tasks)
+        for i, outcome in enumerate(super().run(tasks)):
+            if self.hold is not None and i == len(tasks) // 2:
+                self.hold.wait(timeout=5)
+            self.log.append((self.name, outcome.key))
+            yield outcome
+        if self.timed is not None:
+            self.timed.set()
+
+
+def test_compile_and_time_overlaps_the_pools_and_answers_as_one_after_the_other():
+    cands = candidates()
+    work = {M: cands.ranked(M)[:20] for M in MS}
+    log, timed = [], threading.Event()
+    compiling = LoggedPool(cands.facts, log, "compile", hold=timed)
+    timing = LoggedPool(cands.facts, log, "time", timed=timed)
+    overlapped = PoolBench("triton-classic", problems(), compiling, timing, lambda t: None)
+    failed, screens = overlapped.compile_and_time(work, "screen")
+    names = [name for name, _ in log]
+    assert names.index("time") < len(names) - 1 - names[::-1].index("compile"), "no timing before the last first run"
+    pool = FixedPool(cands.facts)
+    plain = PoolBench("triton-classic", problems(), pool, pool, lambda t: None)  # one pool: one after the other
+    failed_plain, screens_plain = plain.compile_and_time(work, "screen")
+    assert failed.keys() == failed_plain.keys() and failed, "no compile failed: the test misses that path"
+    assert {M: [(t.config.key(), t.time_us) for t in ts] for M, ts in screens.items()} == {
+        M: [(t.config.key(), t.time_us) for t in ts] for M, ts in screens_plain.items()}
+    assert overlapped.split()["screen"]["n"] == plain.split()["screen"]["n"]
+
+
+def test_compile_and_time_raises_what_broke_the_compile_pool():
+    class Broken(FixedPool):
+        def run(self, tasks):
+            raise OSError("the pool's pipe broke")
+            yield
+
+    cands = candidates()
+    bench = PoolBench("triton-classic", problems(), Broken(cands.facts), FixedPool(cands.facts), lambda t: None)
+    with pytest.raises(OSError, match="pipe broke"):
+        bench.compile_and_time({1: cands.ranked(1)[:4]}, "screen")

@@ -1,8 +1,9 @@
 """The tuner's measurements: what strategies ask for (compile these, time those at each M) and who answers.
 
-A strategy sees a ``Bench``: ``compile(configs)`` before it times them, then ``time({M: configs}, phase)``.
-``PoolBench`` answers on workers (``workers.pools``): first runs on a compile pool, timings on a pool of one
-worker per GPU, a batch per M so several GPUs time several M at once. Every new measurement goes to
+A strategy sees a ``Bench``: ``compile(configs)`` before it times them, then ``time({M: configs}, phase)``, or
+both at once with ``compile_and_time``. ``PoolBench`` answers on workers (``workers.pools``): first runs on a
+compile pool, timings on a pool of one worker per GPU, a batch per M so several GPUs time several M at once;
+in ``compile_and_time`` the GPU times what has compiled while the CPUs compile the rest. Every new measurement goes to
 ``on_result`` (the run writes it as a row). Answers already in the rows of an interrupted run (``Kept``) are
 served from there in the order they were measured, so a resumed tune takes the same decisions and writes
 only what is missing. ``ReplayBench`` (``tune.replay``) answers from recorded timings, for tests.
@@ -10,6 +11,8 @@ only what is missing. ``ReplayBench`` (``tune.replay``) answers from recorded ti
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -69,6 +72,17 @@ class Bench:
         """Each M's configs timed at ``phase``'s budget (failures included), in the order given."""
         raise NotImplementedError
 
+    def compile_and_time(self, work: Mapping[int, Sequence[TileConfig]],
+                         phase: str) -> tuple[dict[tuple, Timed], dict[int, list[Timed]]]:
+        """``compile`` every config of ``work``, then ``time`` each M's that compiled: (the compile failures by
+        config key, the timings by M). A bench may overlap the two; the answers are the same."""
+        failed = self.compile(_unique(c for cs in work.values() for c in cs))
+        return failed, self.time({M: [c for c in cs if c.key() not in failed] for M, cs in work.items()}, phase)
+
+
+def _unique(configs: Iterable[TileConfig]) -> list[TileConfig]:
+    return list({c.key(): c for c in configs}.values())
+
 
 class Kept:
     """Outcomes of an interrupted run, from its rows: served again, in order, per (M, config, phase)."""
@@ -104,7 +118,8 @@ class PoolBench(Bench):
         self.counts: dict[str, int] = defaultdict(int)  # configs compiled, or (M, config) pairs timed, per phase
 
     def split(self) -> dict[str, dict]:
-        """Per phase, the wall seconds spent and the configs compiled or timed: where a tune's time goes."""
+        """Per phase, the wall seconds spent and the configs compiled or timed: where a tune's time goes.
+        Overlapped phases (``compile_and_time``) both count the time they overlap."""
         return {phase: {"s": round(s, 1), "n": self.counts[phase]} for phase, s in self.seconds.items()}
 
     def _new(self, timed: Timed) -> Timed:
@@ -119,30 +134,114 @@ class PoolBench(Bench):
             self.seconds["compile"] += time.monotonic() - started
 
     def _compile(self, configs: Sequence[TileConfig]) -> dict[tuple, Timed]:
+        todo = self._to_compile(configs)
+        done = 0
+        self.on_progress("compile", 0, len(todo))
+        for outcome in self.compile_pool.run(self._compile_tasks(todo)):
+            done += 1
+            self._compiled(todo[outcome.key], outcome)
+            self.on_progress("compile", done, len(todo))
+        asked = {c.key() for c in configs}
+        return {k: v for k, v in self.failed.items() if k in asked}
+
+    def _to_compile(self, configs: Iterable[TileConfig]) -> dict[tuple, TileConfig]:
+        """The configs not compiled yet (a kept first-run failure is taken as it was), by key, in order."""
         m0 = self.ms[0]  # token counts are not specialized: any M compiles the same kernels; the smallest runs fastest
-        todo = []
-        for cfg in dict((c.key(), c) for c in configs if c.key() not in self.failed).values():
+        todo = {}
+        for cfg in _unique(c for c in configs if c.key() not in self.failed):
             kept = self.kept.take(m0, cfg, None)
             if kept is not None:
                 self.failed[cfg.key()] = kept
             else:
-                todo.append(cfg)
+                todo[cfg.key()] = cfg
         self.counts["compile"] += len(todo)
-        tasks = [Task(f"{self.jobs}:first_run", (self.path, self.problems[m0], c), c.key(), COMPILE_TIMEOUT_S)
-                 for c in todo]
-        by_key = {c.key(): c for c in todo}
-        done = 0
-        self.on_progress("compile", 0, len(tasks))
-        for outcome in self.compile_pool.run(tasks):
-            done += 1
-            cfg = by_key[outcome.key]
-            result = outcome.value if outcome.failure is None else (None,) * 5 + (outcome.failure, outcome.error)
-            timed = Timed.of(cfg, m0, None, result)
-            if not timed.ok:
-                self.failed[cfg.key()] = self._new(timed)
-            self.on_progress("compile", done, len(tasks))
-        asked = {c.key() for c in configs}
-        return {k: v for k, v in self.failed.items() if k in asked}
+        return todo
+
+    def _compile_tasks(self, todo: Mapping[tuple, TileConfig]) -> list[Task]:
+        m0 = self.ms[0]
+        return [Task(f"{self.jobs}:first_run", (self.path, self.problems[m0], c), k, COMPILE_TIMEOUT_S)
+                for k, c in todo.items()]
+
+    def _compiled(self, cfg: TileConfig, outcome) -> bool:
+        """Take a first run's outcome: a failure is recorded (and the config never timed); whether it ran."""
+        result = outcome.value if outcome.failure is None else (None,) * 5 + (outcome.failure, outcome.error)
+        timed = Timed.of(cfg, self.ms[0], None, result)
+        if not timed.ok:
+            self.failed[cfg.key()] = self._new(timed)
+        return timed.ok
+
+    def compile_and_time(self, work: Mapping[int, Sequence[TileConfig]],
+                         phase: str) -> tuple[dict[tuple, Timed], dict[int, list[Timed]]]:
+        """As ``Bench.compile_and_time``, overlapped where compiling and timing run on different pools: a thread
+        collects first runs as they finish, and this one times each M's configs that have compiled (all that
+        are ready at once, a batch per M), waiting only when none is. Rows are written from this thread only."""
+        if self.compile_pool is self.time_pool:  # one pool (the interpreter, Ray): one after the other
+            return super().compile_and_time(work, phase)
+        started = time.monotonic()
+        todo = self._to_compile(c for cs in work.values() for c in cs)
+        tasks = self._compile_tasks(todo)
+        arrived: queue.Queue = queue.Queue()  # first runs' outcomes; None once all came; an exception if one broke
+        stop = threading.Event()
+
+        def collect() -> None:
+            try:
+                for outcome in self.compile_pool.run(tasks):
+                    arrived.put(outcome)
+                    if stop.is_set():
+                        return
+            except BaseException as e:  # told to the timing thread, which raises it
+                arrived.put(e)
+            finally:
+                arrived.put(None)
+
+        ready = {k for cs in work.values() for c in cs if (k := c.key()) not in todo}  # compiled before
+        pending = {M: list(cs) for M, cs in work.items()}
+        answers: dict[int, list[Timed]] = {M: [] for M in work}
+        state = {"compiling": True, "compiled": 0}
+        progress, self.on_progress = self.on_progress, _Counting(self.on_progress, phase)
+
+        def take(block: bool) -> None:
+            """First runs that came (waiting for one where ``block``): failures recorded, the rest ready."""
+            while state["compiling"]:
+                try:
+                    item = arrived.get(block=block)
+                except queue.Empty:
+                    return
+                block = False
+                if item is None:
+                    state["compiling"] = False
+                    self.seconds["compile"] += time.monotonic() - started
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    state["compiled"] += 1
+                    if self._compiled(todo[item.key], item):
+                        ready.add(item.key)
+                    progress("compile", state["compiled"], len(todo))
+
+        threading.Thread(target=collect, name="compile", daemon=True).start()
+        try:
+            progress("compile", 0, len(todo))
+            while True:
+                take(block=False)
+                batch = {M: [c for c in cs if c.key() in ready] for M, cs in pending.items()}
+                batch = {M: cs for M, cs in batch.items() if cs}
+                if not batch:
+                    if not state["compiling"]:
+                        break
+                    take(block=True)  # nothing to time: wait for a first run
+                    continue
+                for M, ts in self.time(batch, phase).items():
+                    answers[M] += ts
+                pending = {M: [c for c in cs if c.key() not in ready and c.key() not in self.failed]
+                           for M, cs in pending.items()}
+        finally:
+            stop.set()
+            self.on_progress = progress
+        order = {M: {c.key(): i for i, c in enumerate(cs)} for M, cs in work.items()}
+        answers = {M: sorted(ts, key=lambda t: order[M][t.config.key()]) for M, ts in answers.items()}
+        asked = {c.key() for cs in work.values() for c in cs}
+        return {k: v for k, v in self.failed.items() if k in asked}, answers
 
     def time(self, work: Mapping[int, Sequence[TileConfig]], phase: str) -> dict[int, list[Timed]]:
         answers: dict[tuple, Timed] = {}
@@ -192,3 +291,21 @@ class PoolBench(Bench):
             done += 1
             self.on_progress(phase, done, total)
         return out
+
+
+class _Counting:
+    """A progress callback that counts ``phase``'s timings over several ``time`` calls as one total."""
+
+    def __init__(self, progress: Callable[[str, int, int], None], phase: str):
+        self.progress, self.phase = progress, phase
+        self.before = self.total = self.last = 0
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        if what != self.phase:
+            self.progress(what, done, total)
+            return
+        if done == 0:  # a new call: what the previous ones timed stays counted
+            self.before += self.last
+            self.total += total
+        self.last = done
+        self.progress(what, self.before + done, self.total)

@@ -27,7 +27,6 @@ class Options:
 
 def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
     per_m = {M: cands.ranked(M)[:opts.limit or None] for M in bench.ms}
-    bench.compile([c for cs in per_m.values() for c in cs])
-    screens = bench.time(per_m, "screen")
+    _, screens = bench.compile_and_time(per_m, "screen")
     finals = bench.time({M: [t.config for t in fastest(ts, opts.final)] for M, ts in screens.items()}, "final")
     return {M: (best[0].config if (best := fastest(ts)) else None) for M, ts in finals.items()}

@@ -54,14 +54,17 @@ def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
     model = {M: _unique(_seeds(cands.ranked(M), opts)) for M in bench.ms}
     shared = _unique(c for M in bench.ms for c in model[M])
     first = {M: _unique(cands.seeds(M) + (shared if opts.share else model[M])) for M in bench.ms}
-    failed = bench.compile(_unique(c for cs in first.values() for c in cs))
     timed: dict[int, dict[tuple, object]] = {M: {} for M in bench.ms}  # M -> config key -> its screen
+    failed: dict[tuple, object] = {}
 
     def screen(work):
-        for M, ts in bench.time(work, "screen").items():
+        """Compile what ``work`` needs and screen it (overlapped where the bench can)."""
+        new_failures, screens = bench.compile_and_time(work, "screen")
+        failed.update(new_failures)
+        for M, ts in screens.items():
             timed[M].update((t.config.key(), t) for t in ts)
 
-    screen({M: [c for c in cs if c.key() not in failed and cands.allowed(M, c)] for M, cs in first.items()})
+    screen({M: [c for c in cs if cands.allowed(M, c)] for M, cs in first.items()})
     leaders = {M: fastest(timed[M].values(), opts.lead) for M in bench.ms}
     moved = set(bench.ms)  # the M whose leaders changed at the last step: they and their neighbours climb on
     for _ in range(opts.climbs):
@@ -75,8 +78,7 @@ def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
                 work[M] = fresh
         if not work:
             break
-        failed = {**failed, **bench.compile([c for cs in work.values() for c in cs])}
-        screen({M: [c for c in cs if c.key() not in failed] for M, cs in work.items()})
+        screen(work)
         new = {M: fastest(timed[M].values(), opts.lead) for M in bench.ms}
         moved = {M for M in bench.ms if [t.config.key() for t in new[M]] != [t.config.key() for t in leaders[M]]}
         leaders = new
