@@ -160,3 +160,28 @@ def test_the_paths_defaults_apply_and_given_options_win():
     assert theirs == fast.Options()
     given = _options(TuneRequest(QWEN, "bf16", "triton", options=(("share", 1),)))
     assert given.share == 1 and given.top == fast.PATH_DEFAULTS["triton"]["top"]
+
+
+# --- the best known seed re-timed beside the choice ------------------------------------------------------------
+
+def test_the_choice_the_default_and_the_best_known_seed_are_timed_back_to_back():
+    from moebench.cli.tune import summary_rows
+    from moebench.tune.run import TuneResult, _against_default
+
+    path = get_path("triton")
+    problems = {M: Problem(QWEN, M, "bf16") for M in (1, 64)}
+    default = {M: path.default_config(p) for M, p in problems.items()}
+    chosen = {M: replace(default[M], atomic_out=True) for M in problems}
+    known = {1: replace(default[1], swap_ab=True), 64: chosen[64]}  # at 64 the known seed is the choice
+    times = {(M, c.key()): t for M in problems for c, t in ((default[M], 100.0), (chosen[M], 80.0),
+                                                             (known[M], 90.0))}
+    times[(64, chosen[64].key())] = 80.0
+    bench = ReplayBench(times, noise=0.0)
+    bench.compile(list(chosen.values()) + list(known.values()))  # as the search compiled them
+    best, dflt, kn = _against_default(bench, path, problems, chosen, known)
+    assert bench.measured == {"screen": 0, "final": 0, "default": 5}  # 3 at M=1, 2 at M=64 (one config twice)
+    assert best[1].time_us == 80.0 and dflt[1].time_us == 100.0 and kn[1].time_us == 90.0
+    assert kn[64].time_us == best[64].time_us == 80.0
+    rows = summary_rows(TuneResult(None, best, dflt, known=kn))
+    assert [round(r["vs_known"], 3) for r in rows] == [1.125, 1.0]
+    assert [r["gain"] for r in rows] == [1.25, 1.25]

@@ -34,16 +34,19 @@ def _options(pairs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
 
 
 def summary_rows(result) -> list[dict]:
-    """One row per M: the chosen config, its time and the default's (timed back to back), the gain, and the
-    other run's choice where --check-against gave one."""
+    """One row per M: the chosen config, its time and the default's (timed back to back), the gain, the best
+    known seed's time against it (moebench's kernel: the best hand-picked candidate), and the other run's choice
+    where --check-against gave one."""
     rows = []
     for M in sorted(result.best):
-        b, d = result.best[M], result.default.get(M)
+        b, d, k = result.best[M], result.default.get(M), result.known.get(M)
         ours, theirs = result.check.get(M, (None, None))
         rows.append({
             "M": M, "config": b.config.label if b else None, "time_us": b.time_us if b else None,
             "default": d.config.label if d else None, "default_us": d.time_us if d else None,
             "gain": d.time_us / b.time_us if b and d and b.time_us and d.time_us else None,
+            "known": k.config.label if k else None, "known_us": k.time_us if k else None,
+            "vs_known": k.time_us / b.time_us if b and k and b.time_us and k.time_us else None,
             "check_config": theirs.config.label if theirs else None,
             "vs_check": ours.time_us / theirs.time_us if ours and theirs and ours.time_us and theirs.time_us else None,
         })
@@ -156,11 +159,15 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
         from rich.table import Table
 
         table = Table(title=f"tuned {request.path}: {shape.name} {request.dtype}")
-        for col in ("M", "config", "us", "default", "default us", "gain", *(("vs check",) if result.check else ())):
+        known = any(r["vs_known"] is not None for r in rows)
+        for col in ("M", "config", "us", "default", "default us", "gain", *(("vs hand-picked",) if known else ()),
+                    *(("vs check",) if result.check else ())):
             table.add_column(col, justify="left" if "config" in col or col == "default" else "right")
         for r in rows:
             cells = [str(r["M"]), r["config"] or "-", _num(r["time_us"]), r["default"] or "-",
                      _num(r["default_us"]), _num(r["gain"], "{:.2f}x")]
+            if known:
+                cells.append(_num(r["vs_known"], "{:.3f}x"))
             if result.check:
                 cells.append(_num(r["vs_check"], "{:.3f}x"))
             table.add_row(*cells)

@@ -17,7 +17,7 @@ import pandas as pd
 from moebench.errors import UserError
 from moebench.report.runs import BEST_FILE, Runs
 
-TUNED_COLUMNS = ["model", "dtype", "kernel", "M", "time_us", "default_us", "speedup", "run"]
+TUNED_COLUMNS = ["model", "dtype", "kernel", "M", "time_us", "default_us", "speedup", "known_us", "vs_known", "run"]
 
 
 def tune_rows(df: pd.DataFrame) -> pd.Series:
@@ -44,7 +44,8 @@ def failures_line(df: pd.DataFrame) -> str | None:
 
 def tuned_table(runs: Runs) -> pd.DataFrame:
     """Per tune run (meta ``"tune": true`` and a ``best.json``) and M: the chosen config's time, the untuned
-    default's, and ``speedup = default_us / time_us`` (NaN where either was not timed)."""
+    default's, ``speedup = default_us / time_us``, the best known seed's time (moebench's kernel: the best
+    hand-picked candidate, re-timed back to back) and ``vs_known = known_us / time_us`` (NaN where not timed)."""
     records = []
     for run in runs.runs:
         file = run.path / BEST_FILE
@@ -59,9 +60,10 @@ def tuned_table(runs: Runs) -> pd.DataFrame:
             raise UserError(f"{file}: not a tune's {BEST_FILE} ({type(e).__name__}: {e})") from None
         model = best.get("model") or (best.get("shape") or {}).get("name")
         for m, v in entries:
-            t, d = _positive(v.get("time_us")), _positive(v.get("default_us"))
+            t, d, k = (_positive(v.get(f)) for f in ("time_us", "default_us", "known_us"))
             records.append({"model": model, "dtype": best.get("dtype"), "kernel": best.get("kernel"), "M": m,
-                            "time_us": t, "default_us": d, "speedup": d / t, "run": run.label})  # NaN stays NaN
+                            "time_us": t, "default_us": d, "speedup": d / t, "known_us": k, "vs_known": k / t,
+                            "run": run.label})  # NaN stays NaN
     return pd.DataFrame(records, columns=TUNED_COLUMNS)
 
 

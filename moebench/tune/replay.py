@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
 from moebench.tile import TileConfig
@@ -27,7 +28,7 @@ class ReplayBench(Bench):
         self.compile_s, self.workers, self.screen_s, self.final_s = compile_s, workers, screen_s, final_s
         self.compiled: set[tuple] = set()
         self.failed: set[tuple] = set()  # configs whose first run failed: never timed, as on the GPU
-        self.measured: dict[str, int] = {"screen": 0, "final": 0}
+        self.measured: dict[str, int] = defaultdict(int, screen=0, final=0)  # timings per phase
 
     def compile(self, configs: Sequence[TileConfig]) -> dict[tuple, Timed]:
         failed = {}

@@ -3,11 +3,12 @@ table.
 
 ``tune`` checks everything first (``check``: the request, options, pool choice, ``--check-against`` run and
 ``--out`` names; nothing is created until it passes), opens a run folder (or reopens the one an interrupted
-start of the same request left: ``store.resume.find_resumable``), builds each M's pruned and ranked candidates,
-starts the worker pools and hands them to the strategy. Each measurement is a row as it arrives (failures too,
-typed); the chosen config of each M is then re-timed beside the path's untuned default ("default" rows) so the
-table's gain is measured in the same run, and the table is written into the folder. An M where nothing was
-chosen fails the run (``NothingChosen``).
+start of the same request left: ``store.resume.find_resumable``), builds each M's pruned and ranked candidates
+and known seeds, starts the worker pools and hands them to the strategy. Each measurement is a row as it
+arrives (failures too, typed). The chosen config of each M is then re-timed back to back with the path's
+untuned default and with the fastest-screened known seed that is not the default (for moebench's kernel, the
+best hand-picked candidate) ("default" rows), so the table's gain over both is measured in the same run, and
+the table is written into the folder. An M where nothing was chosen fails the run (``NothingChosen``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class TuneResult:
     run_dir: Path
     best: dict[int, Timed | None]  # per M: the chosen config, re-timed beside the default
     default: dict[int, Timed | None] = field(default_factory=dict)  # per M: the untuned config's
+    known: dict[int, Timed | None] = field(default_factory=dict)  # per M: the best known seed's (hand-picked)
     check: dict[int, tuple[Timed | None, Timed | None]] = field(default_factory=dict)  # per M: (ours, theirs)
     resumed: dict | None = None
 
@@ -216,22 +218,33 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
                 if M in failed:
                     failed[M][t.failure] += 1
 
+    known_keys = {M: {c.key() for c in cands.seeds(M)} - {path.default_config(p).key()} for M, p in problems.items()}
+    known: dict[int, Timed] = {}  # per M: the fastest screen of a known seed other than the default
+
+    def note_known(t: Timed) -> None:
+        if t.phase == "screen" and t.ok and t.time_us is not None and t.config.key() in known_keys.get(t.M, ()):
+            if t.M not in known or t.time_us < known[t.M].time_us:
+                known[t.M] = t
+
     def record(t: Timed) -> None:
         writer.append(_row(request, target, t))
         count(t)
+        note_known(t)
         if on_result:
             on_result(t)
 
     for r in writer.kept:
         if r.get("path") == request.path and r.get("config"):
             count(_timed(r))
+            note_known(_timed(r))
     pools, bench = (), None
     try:
         with stop_on_sigterm():
             pools = _pools(target, gpus, ray, compile_jobs, problems[min(problems)])
             bench = PoolBench(request.path, problems, pools[0], pools[1], record, kept, on_progress)
             chosen = get_strategy(request.strategy).search(cands, bench, ok.options)
-            result.best, result.default = _against_default(bench, path, problems, chosen)
+            result.best, result.default, result.known = _against_default(
+                bench, path, problems, chosen, {M: t.config for M, t in known.items()})
             result.check = _against_other(bench, chosen, ok.other)
             _write_best(writer.run_dir, request, result)
             missing = _nothing_chosen(chosen, result.best, failed)
@@ -268,18 +281,20 @@ def _nothing_chosen(chosen: dict, best: dict, failed: dict[int, Counter]) -> str
     return "no config chosen at " + "; ".join(f"M={','.join(map(str, ms))}: {r}" for r, ms in why.items())
 
 
-def _against_default(bench: PoolBench, path, problems, chosen) -> tuple[dict, dict]:
-    """Each M's chosen config and the path's default, timed back to back at the final budget."""
+def _against_default(bench: PoolBench, path, problems, chosen, known: dict[int, TileConfig]) -> tuple[dict, ...]:
+    """Each M's chosen config, the path's default and the best known seed (where there is one), timed back to
+    back at the final budget: (chosen, default, known) timings by M."""
     defaults = {M: path.default_config(p) for M, p in problems.items()}
     bench.compile(list(defaults.values()))
-    pairs = {M: {c.key(): c for c in (chosen.get(M), defaults[M]) if c is not None} for M in problems}
-    timed = bench.time({M: list(pair.values()) for M, pair in pairs.items()}, "default")  # once where they agree
-    best, default = {}, {}
+    trio = {M: (chosen.get(M), defaults[M], known.get(M)) for M in problems}
+    timed = bench.time({M: list({c.key(): c for c in cs if c is not None}.values()) for M, cs in trio.items()},
+                       "default")  # once where two of them agree
+    out: tuple[dict, dict, dict] = ({}, {}, {})
     for M, ts in timed.items():
         by_key = {t.config.key(): t for t in ts}
-        best[M] = by_key.get(chosen[M].key()) if chosen.get(M) else None
-        default[M] = by_key.get(defaults[M].key())
-    return best, default
+        for i, c in enumerate(trio[M]):
+            out[i][M] = by_key.get(c.key()) if c is not None else None
+    return out
 
 
 def _other_choices(run_dir: Path, request: TuneRequest) -> dict[int, TileConfig]:
@@ -313,13 +328,15 @@ def _against_other(bench: PoolBench, chosen: dict, other: dict) -> dict:
 
 
 def _write_best(run_dir: Path, request: TuneRequest, result: TuneResult) -> None:
-    """The chosen config per M, its time and the default's, as ``best.json`` in the run folder."""
+    """The chosen config per M, its time, the default's and the best known seed's (re-timed back to back), as
+    ``best.json`` in the run folder."""
     table = {}
     for M, t in sorted(result.best.items()):
-        d = result.default.get(M)
+        d, k = result.default.get(M), result.known.get(M)
         table[str(M)] = {"config": t.config.as_dict() if t else None, "time_us": t.time_us if t else None,
                          "default": d.config.as_dict() if d else None,
-                         "default_us": d.time_us if d else None}
+                         "default_us": d.time_us if d else None,
+                         "known": k.config.as_dict() if k else None, "known_us": k.time_us if k else None}
     check = {str(M): {"config_us": o.time_us if o else None, "other": t.config.as_dict() if t else None,
                       "other_us": t.time_us if t else None} for M, (o, t) in sorted(result.check.items())}
     write_json_atomic(run_dir / BEST_FILE, {"kernel": request.path, "model": request.shape.name,
