@@ -403,3 +403,16 @@ def test_bad_input_is_one_line_and_exit_2(args, says, monkeypatch):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and says in lines[0], done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_from_log_of_sglang_follows_sglang_under_the_triton_its_folder_names():
+    name = sglang.file_name(256, 256, H200, "fp8-block128")
+    done = moebench_in_process("doctor", "--from-log", SGLANG_LINE.format(f"/sg/configs/triton_3_7_0/{name}"),
+                               "--format", "json")
+    assert done.returncode == 0, done.stderr
+    (finding,) = json.loads(done.stdout)["engines"]
+    assert (finding["engine"], finding["file_name"]) == ("sglang", name)
+    assert any(p["label"].endswith("configs/triton_3_7_0") for p in finding["places"])
+    assert "3.7.0 (the log's folder)" in " ".join(finding["notes"])
+    assert finding["command"].startswith("moebench tune --model deepseek-v3 --tp 8 --dtype fp8-block128")
+    assert finding["command"].endswith("--layout sglang --engine-triton 3.7.0")

@@ -93,7 +93,7 @@ def _from_log(line, dtype, device_name, engine, engine_triton, counts, shape, fl
         raise UserError(f"--engine {engine}: the line is not {FORMATS[engine].READER}'s warning")
     if engine not in (None, "all"):
         engines = (engine,)
-    if logged.engine is None:
+    if logged.engine is None and engine in (None, "all"):
         notes.append("the line does not say which engine wrote it: vLLM's and SGLang's lookups follow")
     if device_name is not None and device_name.replace(" ", "_") != logged.device_name.replace(" ", "_"):
         raise UserError(f"--device-name {device_name!r}: the log names {logged.device_name!r}")
@@ -124,7 +124,8 @@ def _from_log(line, dtype, device_name, engine, engine_triton, counts, shape, fl
                             if len(found) > 1 else ""))
     names = {e: logged.name for e in engines}
     ask = Ask(logged.experts, logged.n, logged.device_name, chosen, counts,
-              engine_triton or logged.engine_triton, flags, names, logged.dirs)
+              engine_triton or logged.engine_triton, flags, names, logged.dirs,
+              "--engine-triton" if engine_triton else "the log's folder")
     return ask, engines, notes
 
 

@@ -100,6 +100,7 @@ class Ask:
     shape_flags: str | None = None
     names: dict = field(default_factory=dict)
     log_dirs: tuple[str, ...] = ()  # folders the log says the engine looked in
+    triton_source: str = "--engine-triton"  # where engine_triton came from, for the note
 
 
 def diagnose(ask: Ask, engines: tuple[str, ...] = tuple(FORMATS)) -> list[Finding]:
@@ -113,7 +114,7 @@ def _finding(ask: Ask, engine: str) -> Finding:
     name = ask.names.get(engine) or fmt.file_name(ask.experts, ask.n, ask.device_name, ask.dtype)
     triton = None
     if engine == "sglang":
-        triton, why = server_triton(ask.engine_triton)
+        triton, why = server_triton(ask.engine_triton, ask.triton_source)
         notes.append(f"SGLang's folder is named by the Triton its server runs: {triton} ({why})")
     places = SEARCHES[engine](name, triton, notes)
     places += [_log_place(d, name) for d in ask.log_dirs if not any(p.path == str(Path(d) / name) for p in places)]
@@ -234,12 +235,12 @@ SEARCHES: dict[str, Callable[[str, str | None, list[str]], list[Place]]] = {
 }
 
 
-def server_triton(given: str | None) -> tuple[str, str]:
+def server_triton(given: str | None, source: str = "--engine-triton") -> tuple[str, str]:
     """(release, why) of the Triton the SGLang server runs: ``given``, else the one installed here (read from its
     package metadata, not imported), else the export's default."""
     if given:
         sglang_format.triton_dir(given)  # a release SGLang cannot read back is a UserError
-        return given, "--engine-triton"
+        return given, source
     try:
         from importlib.metadata import PackageNotFoundError, version
 
