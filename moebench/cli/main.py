@@ -16,6 +16,7 @@ import click
 
 from moebench import __version__
 from moebench.cli.console import note
+from moebench.cli.doctor import doctor
 from moebench.cli.probes import bounds, isa, profile
 from moebench.cli.report import compare, plot, report
 from moebench.cli.sweep import sweep
@@ -48,6 +49,7 @@ cli.add_command(plot)
 cli.add_command(tune)
 cli.add_command(tune_tables)
 cli.add_command(export_configs)
+cli.add_command(doctor)
 cli.add_command(warmup)
 cli.add_command(trace)
 cli.add_command(isa)
