@@ -18,10 +18,10 @@ from moebench.tune.candidates import Candidates
 from moebench.tune.handpicked import candidates as handpicked
 from moebench.tune.prune import OWN_RULES, Facts, direct_many, quant_x, split_full, tma_rows
 from moebench.tune.replay import ReplayBench
-from moebench.tune.run import VLLM_MS, TuneRequest, _options
+from moebench.tune.run import TuneRequest, _options
 from moebench.tune.seeds import known_seeds
 from moebench.tune.served import SERVED
-from moebench.tune.space import get_space
+from moebench.tune.space import VLLM_MS, get_space
 from moebench.tune.strategies import fast
 
 QWEN = get_model("qwen3-30b-a3b")

@@ -37,12 +37,10 @@ from moebench.tune.bench import Kept, PoolBench, Timed
 from moebench.tune.candidates import Candidates
 from moebench.tune.prune import OWN_RULES, OWN_RUNNABLE, RULES, Facts
 from moebench.tune.seeds import known_seeds
-from moebench.tune.space import get_space
+from moebench.tune.space import VLLM_MS, get_space
 from moebench.tune.strategies import DEFAULT, get_strategy
 from moebench.workers.jobs import BUDGETS
 
-# vLLM's tuner's batch sizes: the keys of the tables it ships.
-VLLM_MS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
 BEST_FILE = "best.json"
 
 

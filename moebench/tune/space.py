@@ -17,6 +17,9 @@ from math import prod
 from moebench.errors import UserError
 from moebench.tile import FIELD, TileConfig
 
+# vLLM's tuner's batch sizes: the keys of the tables it ships, and the M a tune covers by default.
+VLLM_MS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+
 
 @dataclass(frozen=True)
 class Dim:
