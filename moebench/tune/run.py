@@ -199,7 +199,8 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
                 tuning={"path": request.path, "model": request.shape.name, "dtype": request.dtype,
                         "ms": list(problems), "strategy": request.strategy, "options": asdict(ok.options),
                         "prune": request.prune, "space": ok.space.describe(), "space_size": ok.space.size,
-                        "budgets": BUDGETS, "routing": request.routing, "seed": request.seed},
+                        "budgets": BUDGETS, "routing": request.routing, "seed": request.seed,
+                        "limits": asdict(limits)},  # what the rules and seeds read of the device, for replays
                 timing_method="interpreter wall clock" if target.interpreter else "graph replay")
     ensure_out_dir(out_base)
     resumable = None if fresh else find_resumable(out_base, request.key)
