@@ -165,12 +165,23 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
                 cells.append(_num(r["vs_check"], "{:.3f}x"))
             table.add_row(*cells)
         out_console().print(table)
-    took = f"run folder: {result.run_dir} ({time.monotonic() - started:.0f} s)"
+    took = f"run folder: {result.run_dir} ({_took(result, time.monotonic() - started)})"
     if failed:  # nothing to export at that M
         note(took)
         note(f"tune failed: {failed}", "red")
         raise SystemExit(1)
     note(took if interpreter else f"{took}; export: moebench export-configs {result.run_dir}")
+
+
+def _took(result, seconds: float) -> str:
+    """How long the tune took: this start, and for a resumed one all its starts (meta.json's wall times)."""
+    if not result.resumed:
+        return f"{seconds:.0f} s"
+    from moebench.store.runfolder import META_FILE, WALL, WALL_BY_START, read_meta
+
+    meta = read_meta(result.run_dir / META_FILE)
+    starts = meta.get(WALL_BY_START) or []
+    return f"{seconds:.0f} s; {meta.get(WALL, 0):.0f} s over its {len(starts)} starts"
 
 
 def _num(v, fmt: str = "{:.1f}") -> str:
