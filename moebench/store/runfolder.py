@@ -343,6 +343,16 @@ def status_warning(meta: dict, where: str, rows: int) -> str | None:
     return f"run {where}: {status}{why} (rows {'so far' if status == 'running' else 'kept'}: {rows})"
 
 
+def run_ref(run_dir: Path | str, folder: Path | str) -> str:
+    """``run_dir`` as a file kept in ``folder`` names it (an export's ``source_run``, the page's runs): the path
+    from ``folder`` where the two share a folder below the root, else the run folder's name; never absolute,
+    so a committed file carries no machine's paths."""
+    run, base = Path(run_dir).resolve(), Path(folder).resolve()
+    if os.path.commonpath([run, base]) == run.anchor:
+        return run.name
+    return Path(os.path.relpath(run, base)).as_posix()
+
+
 # ---- a run's status ------------------------------------------------------------------------------------
 
 def pid_alive(pid) -> bool:
