@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from moebench.errors import UserError, one_line
-from moebench.store.atomic import AppendLines, write_json_atomic
+from moebench.store.atomic import AppendLines, overwrite_in_place, write_json_atomic, write_text_atomic
 from moebench.store.rows import Row, check_row
 
 SCHEMA_VERSION = 1
@@ -122,7 +122,7 @@ class RunWriter:
         else:
             self.run_dir.mkdir(parents=True, exist_ok=False)
             self.meta = {"schema_version": SCHEMA_VERSION, "status": "running", **meta, **process}
-        write_json_atomic(self.run_dir / META_FILE, self.meta)
+        write_text_atomic(self.run_dir / META_FILE, _running(self.meta))
         self._rows = AppendLines(self.run_dir / ROWS_FILE)
 
     def _reopen(self, meta: dict, process: dict) -> dict:
@@ -164,17 +164,25 @@ class RunWriter:
     def note(self, **entries) -> None:
         """Record ``entries`` in meta.json now, while the run goes on: they are there even if it is killed."""
         self.meta.update(entries)
-        write_json_atomic(self.run_dir / META_FILE, self.meta)
+        write_text_atomic(self.run_dir / META_FILE, _running(self.meta))
 
     def finish(self, status: str = "complete", wall_s: float | None = None, **extra) -> None:
         """Record the end: ``status``, the time, the wall times (``wall_s``: this start's, where the caller
-        measures it; else since the writer opened the folder) and ``extra``."""
+        measures it; else since the writer opened the folder) and ``extra``. Where a full disk refuses meta.json's
+        temporary file, the end is written over meta.json in place (``_end_in_place``), into the room a running
+        run's meta.json keeps (``RESERVE``)."""
         self._rows.close()
         this = round(time.monotonic() - self._opened if wall_s is None else wall_s, 1)
         starts = [*self._earlier, this]
+        before = dict(self.meta)
         self.meta.update(status=status, finished=_now(), **{WALL: round(sum(starts), 1), WALL_BY_START: starts},
                          **extra)
-        write_json_atomic(self.run_dir / META_FILE, self.meta)
+        path = self.run_dir / META_FILE
+        try:
+            write_json_atomic(path, self.meta)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not _end_in_place(path, before, self.meta):
+                raise
 
     def end(self, stopped: BaseException | None = None, **extra) -> None:
         """Finish (``finish``) with the status that what stopped the run gives: nothing, "complete"; Ctrl-C or
@@ -209,6 +217,31 @@ def _earlier_walls(old: dict, rows_path: Path) -> list[float]:
     except (ValueError, OSError):
         lost = 0.0
     return [*walls, *[0.0] * (starts - 1 - len(walls)), lost]
+
+
+# Trailing spaces a running run's meta.json carries (JSON allows them): room for its end on a full disk.
+RESERVE = 1024
+
+
+def _running(meta: dict) -> str:
+    return json.dumps(meta, indent=2) + " " * RESERVE + "\n"
+
+
+def _end_in_place(path: Path, before: dict, meta: dict) -> bool:
+    """Write a run's end (``meta``) over its meta.json (``before``: what it held) in place, where a full disk
+    leaves no room for a new file: compact JSON, no longer than the file. Where the whole end does not fit, only
+    its status, time and reason are added (they fit the ``RESERVE``: a reason is one line of at most 300
+    characters). False where even that does not fit (a meta.json written by another writer)."""
+    size = path.stat().st_size
+    essential = {**before, **{k: meta[k] for k in ("status", "finished", *_STOP_KEYS) if k in meta}}
+    for text in (_compact(meta), _compact(essential)):
+        if len(text.encode("utf-8")) <= size:
+            return overwrite_in_place(path, text)
+    return False
+
+
+def _compact(meta: dict) -> str:
+    return json.dumps(meta, separators=(",", ":")) + "\n"
 
 
 # ---- a torn last row -----------------------------------------------------------------------------------
