@@ -27,7 +27,7 @@ import pandas as pd
 
 from moebench.errors import UserError, one_line
 from moebench.store.atomic import AppendLines, overwrite_in_place, write_json_atomic, write_text_atomic
-from moebench.store.rows import Row, check_row
+from moebench.store.rows import Row, check_meta, check_row
 
 SCHEMA_VERSION = 1
 META_FILE = "meta.json"
@@ -275,13 +275,16 @@ def _cut_torn_row(rows_path: Path) -> str | None:
 # ---- reading -------------------------------------------------------------------------------------------
 
 def read_meta(meta_path: Path) -> dict:
-    """A run folder's meta.json as a dict; UserError where it is not a JSON object."""
+    """A run folder's meta.json as a dict; UserError where it is not a JSON object or a key readers use has the
+    wrong type (``rows.check_meta``)."""
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{meta_path}: not JSON ({e})") from None
     if not isinstance(meta, dict):
         raise UserError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
+    if why := check_meta(meta):
+        raise UserError(f"{meta_path}: {why}")
     return meta
 
 
