@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, emit, load_run_warned, note, out_console, progress_bar
+from moebench.cli.console import FORMATS, GivenPath, emit, load_run_warned, note, out_console, progress_bar
 from moebench.cli.shape import one_shape, shape_options, token_counts
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
@@ -70,10 +70,10 @@ def summary_rows(result) -> list[dict]:
               help="Run the workers on a Ray cluster (ADDRESS; alone: Ray's default). Needs moebench[ray].")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
               help="Processes that compile and first-run configs. [default: cores - 1, at most 12]")
-@click.option("--check-against", type=click.Path(path_type=Path, file_okay=False), default=None,
+@click.option("--check-against", type=GivenPath(path_type=Path, file_okay=False), default=None,
               help="Another tune's run folder (e.g. an exhaustive one): its choices re-timed beside this run's.")
 @click.option("--seed", default=0, show_default=True, help="Input seed.")
-@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folder is created.")
 @click.option("--fresh", is_flag=True, help="A new run folder even where a stopped tune of the same request resumes.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
@@ -189,8 +189,8 @@ def _num(v, fmt: str = "{:.1f}") -> str:
 
 
 @click.command("export-configs")
-@click.argument("run", type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", default=Path("configs"), show_default=True, type=click.Path(path_type=Path),
+@click.argument("run", type=GivenPath(path_type=Path))
+@click.option("--out", "out_dir", default=Path("configs"), show_default=True, type=GivenPath(path_type=Path),
               help="Folder to write into, with moebench-export.json (provenance of each file).")
 @click.option("--layout", default="vllm", show_default=True, type=click.Choice(list(LAYOUTS)),
               help="vllm: OUT/<name>.json; sglang: OUT/configs/triton_<x_y_z>/<name>.json (both from "
@@ -222,9 +222,9 @@ def export_configs(run, out_dir, layout, engine_triton):
 @click.option("--dtype", "dtypes", multiple=True, help="Only this dtype (repeatable).")
 @click.option("--list", "list_only", is_flag=True, help="Print the served shapes and dtypes, then exit.")
 @click.option("--m", "ms", default=None, help="Token counts, comma list. [default: vLLM's 18: 1,2,4,...,3072,4096]")
-@click.option("--into", "into", default=Path("configs"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--into", "into", default=Path("configs"), show_default=True, type=GivenPath(path_type=Path),
               help="Folder the tables are written into (moebench/tables/shipped for the package's own).")
-@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the tunes' run folders are created.")
 @click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
