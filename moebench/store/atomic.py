@@ -25,6 +25,9 @@ def naming(path: Path, *also: Path) -> Iterator[None]:
         yield
     except OSError as e:
         if e.filename is None or str(e.filename) in {str(p) for p in also}:
+            if e.errno is None:  # no errno to build one from: named in place
+                e.filename = str(path)
+                raise
             # a new one: ``e.filename2 = None`` would read "-> None" in its message
             raise type(e)(e.errno, e.strerror, str(path)) from e
         raise
