@@ -259,7 +259,8 @@ def test_a_run_that_did_not_run_through_is_flagged(tmp_path):
     loaded = runs.load([folder])
     assert loaded.warnings and "SIGTERM" in loaded.warnings[0]
     boxes = Page(render_html(loaded, charts=[])).warnings
-    assert all(any(w in box for box in boxes) for w in loaded.warnings)
+    # each warning, its folder named by its name (a page with no folder of its own)
+    assert all(any(w.replace(str(folder), "stopped") in box for box in boxes) for w in loaded.warnings)
 
 
 def test_write_html_writes_the_page_and_nothing_else(tmp_path, kernels):
@@ -347,3 +348,18 @@ def test_a_trace_page_counts_its_requests_and_lists_no_sweep_method(tmp_path):
     text = Page((tmp_path / "page.html").read_text()).all_text()
     assert "1 run, 3 traced requests;" in text and "0 rows" not in text
     assert "% of floor" not in text and "time_us" not in text
+
+
+def test_a_page_names_its_runs_from_its_own_folder_with_no_absolute_path(tmp_path):
+    """Runs given by absolute path (one stopped, so its warning names the folder) and a page in another folder:
+    the page names them ../runs/<name>, and no absolute path of this machine is in it."""
+    folder = tmp_path / "runs" / "stopped"
+    folder.mkdir(parents=True)
+    meta = json.loads((KERNELS / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps({**meta, "status": "interrupted", "stopped_by": "SIGTERM"}))
+    (folder / "rows.jsonl").write_text(_kernel_rows_text())
+    loaded = runs.load([folder.absolute()])
+    assert any(str(folder) in w for w in loaded.warnings)  # the precondition: a warning naming the folder
+    page = write_html(loaded, tmp_path / "pages" / "page.html", charts=[]).read_text(encoding="utf-8")
+    assert str(tmp_path) not in page
+    assert "<p class=note>../runs/stopped</p>" in page and "run ../runs/stopped: interrupted" in page

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, emit, load_run_warned, note, out_console, progress_bar
+from moebench.cli.console import FORMATS, GivenPath, emit, load_run_warned, note, out_console, progress_bar
 from moebench.cli.shape import one_shape, shape_options, token_counts
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
@@ -73,10 +73,10 @@ def summary_rows(result) -> list[dict]:
               help="Run the workers on a Ray cluster (ADDRESS; alone: Ray's default). Needs moebench[ray].")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
               help="Processes that compile and first-run configs. [default: cores - 1, at most 15]")
-@click.option("--check-against", type=click.Path(path_type=Path, file_okay=False), default=None,
+@click.option("--check-against", type=GivenPath(path_type=Path, file_okay=False), default=None,
               help="Another tune's run folder (e.g. an exhaustive one): its choices re-timed beside this run's.")
 @click.option("--seed", default=0, show_default=True, help="Input seed.")
-@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folder is created.")
 @click.option("--fresh", is_flag=True, help="A new run folder even where a stopped tune of the same request resumes.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
@@ -172,7 +172,7 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
                 cells.append(_num(r["vs_check"], "{:.3f}x"))
             table.add_row(*cells)
         out_console().print(table)
-    took = f"run folder: {result.run_dir} ({time.monotonic() - started:.0f} s)"
+    took = f"run folder: {result.run_dir} ({_took(result, time.monotonic() - started)})"
     if failed:  # nothing to export at that M
         note(took)
         note(f"tune failed: {failed}", "red")
@@ -180,13 +180,24 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     note(took if interpreter else f"{took}; export: moebench export-configs {result.run_dir}")
 
 
+def _took(result, seconds: float) -> str:
+    """How long the tune took: this start, and for a resumed one all its starts (meta.json's wall times)."""
+    if not result.resumed:
+        return f"{seconds:.0f} s"
+    from moebench.store.runfolder import META_FILE, WALL, WALL_BY_START, read_meta
+
+    meta = read_meta(result.run_dir / META_FILE)
+    starts = meta.get(WALL_BY_START) or []
+    return f"{seconds:.0f} s; {meta.get(WALL, 0):.0f} s over its {len(starts)} starts"
+
+
 def _num(v, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
 @click.command("export-configs")
-@click.argument("run", type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", default=Path("configs"), show_default=True, type=click.Path(path_type=Path),
+@click.argument("run", type=GivenPath(path_type=Path))
+@click.option("--out", "out_dir", default=Path("configs"), show_default=True, type=GivenPath(path_type=Path),
               help="Folder to write into, with moebench-export.json (provenance of each file).")
 @click.option("--layout", default="vllm", show_default=True, type=click.Choice(list(LAYOUTS)),
               help="vllm: OUT/<name>.json; sglang: OUT/configs/triton_<x_y_z>/<name>.json (both from "
@@ -218,9 +229,9 @@ def export_configs(run, out_dir, layout, engine_triton):
 @click.option("--dtype", "dtypes", multiple=True, help="Only this dtype (repeatable).")
 @click.option("--list", "list_only", is_flag=True, help="Print the served shapes and dtypes, then exit.")
 @click.option("--m", "ms", default=None, help="Token counts, comma list. [default: vLLM's 18: 1,2,4,...,3072,4096]")
-@click.option("--into", "into", default=Path("configs"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--into", "into", default=Path("configs"), show_default=True, type=GivenPath(path_type=Path),
               help="Folder the tables are written into (moebench/tables/shipped for the package's own).")
-@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the tunes' run folders are created.")
 @click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,

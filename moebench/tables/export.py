@@ -28,6 +28,7 @@ import pandas as pd
 
 from moebench.errors import UserError
 from moebench.store.atomic import write_files_atomic
+from moebench.store.runfolder import run_ref
 from moebench.tables.formats import FORMATS, get_format
 from moebench.tables.pick import TABLE_KEY, best_of, flag, table_key, timed_rows
 from moebench.tables.table import ConfigTable, Provenance
@@ -142,8 +143,8 @@ def export_run(meta: Mapping, df: pd.DataFrame, out_dir: Path, layout: str = "vl
     """Write the best config per (E, N, dtype, device) and M of a run (``meta``, ``df`` as ``load_run``
     returns them) in ``layout`` (a name in ``FORMATS``) under ``out_dir``, and the sidecar. ``engine_triton``
     (sglang only): the Triton the SGLang server runs, which names its folder (default the format's
-    ``ENGINE_TRITON``). ``source_run``: the run folder, for provenance. Bad input is a UserError before anything
-    is written."""
+    ``ENGINE_TRITON``). ``source_run``: the run folder, recorded as ``out_dir`` reaches it (``run_ref``). Bad
+    input is a UserError before anything is written."""
     fmt = get_format(layout)
     engine_triton = _engine_triton(fmt, engine_triton)
     out_dir = Path(out_dir)
@@ -160,7 +161,7 @@ def export_run(meta: Mapping, df: pd.DataFrame, out_dir: Path, layout: str = "vl
     per_table = {key: rows[rows["_table"].map(key.__eq__).astype(bool)] for key in best}
     made = Provenance(triton_version=meta.get("triton"), torch_version=meta.get("torch"),
                       created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), commit=meta.get("git_commit"),
-                      source_run=source_run)
+                      source_run=None if source_run is None else run_ref(source_run, out_dir))
     files = _place(fmt, best, folder, per_table, made)
     sidecar_path = out_dir / SIDECAR
     sidecar = _read_sidecar(sidecar_path)
