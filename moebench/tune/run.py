@@ -305,11 +305,22 @@ def _other_choices(run_dir: Path, request: TuneRequest) -> dict[int, TileConfig]
         best = json.loads(file.read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"--check-against {run_dir}: no readable {BEST_FILE} ({e})") from None
-    theirs = (best.get("kernel"), best.get("shape", {}).get("name"), best.get("dtype"))
+    try:
+        theirs = (best.get("kernel"), best.get("shape", {}).get("name"), best.get("dtype"))
+        configs = best["configs"].items()
+    except (AttributeError, KeyError, TypeError) as e:
+        raise UserError(f"--check-against {run_dir}: {BEST_FILE} is not a tune's ({type(e).__name__}: {e})") from None
     ours = (request.path, request.shape.name, request.dtype)
     if theirs != ours:
         raise UserError(f"--check-against {run_dir}: it tuned {' '.join(map(str, theirs))}, this {' '.join(ours)}")
-    return {int(M): TileConfig.from_dict(v["config"]) for M, v in best["configs"].items() if v.get("config")}
+    out = {}
+    for M, v in configs:
+        try:
+            if v.get("config"):
+                out[int(M)] = TileConfig.from_dict(v["config"])
+        except (AttributeError, TypeError, ValueError, UserError) as e:
+            raise UserError(f"--check-against {run_dir}: {BEST_FILE} entry {M!r} is not a config ({e})") from None
+    return out
 
 
 def _against_other(bench: PoolBench, chosen: dict, other: dict) -> dict:

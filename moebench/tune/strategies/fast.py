@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from moebench.errors import UserError
 from moebench.tune.bench import Bench, fastest
-from moebench.tune.strategies.ranges import check_ranges
+from moebench.tune.strategies.ranges import MAX_COUNT, MAX_STEPS, check_ranges
 
 if TYPE_CHECKING:  # annotations only: the registry, read by --strategy, loads no torch
     from moebench.tune.candidates import Candidates
@@ -37,9 +37,9 @@ class Options:
     borrow: int = 1  # per climb step, the fastest configs of each neighbouring M screened at M too
 
     def __post_init__(self) -> None:
-        check_ranges("fast", self, {"per_shape": (0, None), "top": (0, None), "lead": (1, None),
-                                    "climbs": (0, None), "final": (1, None), "share": (0, 1),
-                                    "borrow": (0, None)})
+        check_ranges("fast", self, {"per_shape": (0, MAX_COUNT), "top": (0, MAX_COUNT), "lead": (1, MAX_COUNT),
+                                    "climbs": (0, MAX_STEPS), "final": (1, MAX_COUNT), "share": (0, 1),
+                                    "borrow": (0, MAX_COUNT)})
         if self.top == 0 and self.per_shape == 0:
             raise UserError("strategy 'fast': options top=0 and per_shape=0 seed nothing (one of them 1 or more)")
 
