@@ -254,7 +254,10 @@ def test_a_run_that_did_not_run_through_is_flagged(tmp_path):
     folder = tmp_path / "stopped"
     folder.mkdir()
     meta = json.loads((KERNELS / "meta.json").read_text())
-    (folder / "meta.json").write_text(json.dumps({**meta, "status": "interrupted", "stopped_by": "SIGTERM"}))
+    (folder / "meta.json").write_text(json.dumps({
+        **meta, "status": "interrupted", "stopped_by": "SIGTERM",
+        "command": f"moebench trace --configs {tmp_path}/tables --out={tmp_path}/runs",  # paths as a user typed them
+        "trace": {"configs_dir": f"{tmp_path}/tables", "distribution": f"csv:{tmp_path}/lengths.csv"}}))
     (folder / "rows.jsonl").write_text(_kernel_rows_text())
     loaded = runs.load([folder])
     assert loaded.warnings and "SIGTERM" in loaded.warnings[0]
@@ -356,10 +359,14 @@ def test_a_page_names_its_runs_from_its_own_folder_with_no_absolute_path(tmp_pat
     folder = tmp_path / "runs" / "stopped"
     folder.mkdir(parents=True)
     meta = json.loads((KERNELS / "meta.json").read_text())
-    (folder / "meta.json").write_text(json.dumps({**meta, "status": "interrupted", "stopped_by": "SIGTERM"}))
+    (folder / "meta.json").write_text(json.dumps({
+        **meta, "status": "interrupted", "stopped_by": "SIGTERM",
+        "command": f"moebench trace --configs {tmp_path}/tables --out={tmp_path}/runs",  # paths as a user typed them
+        "trace": {"configs_dir": f"{tmp_path}/tables", "distribution": f"csv:{tmp_path}/lengths.csv"}}))
     (folder / "rows.jsonl").write_text(_kernel_rows_text())
     loaded = runs.load([folder.absolute()])
     assert any(str(folder) in w for w in loaded.warnings)  # the precondition: a warning naming the folder
     page = write_html(loaded, tmp_path / "pages" / "page.html", charts=[]).read_text(encoding="utf-8")
     assert str(tmp_path) not in page
     assert "<p class=note>../runs/stopped</p>" in page and "run ../runs/stopped: interrupted" in page
+    assert "--configs ../tables --out=../runs" in page and "csv:../lengths.csv" in page

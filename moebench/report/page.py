@@ -13,6 +13,7 @@ import base64
 import html
 import json
 import numbers
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -326,11 +327,20 @@ def _from_page(text: str, runs: Runs, page_dir: Path | None) -> str:
     return text
 
 
+# An absolute path in a meta.json value (the command line's folders, trace's configs_dir, cache_dir, csv:<file>).
+_ABSOLUTE = re.compile(r"(?:(?<=^)|(?<=[\s=:\[\"']))(/[^\s\"',\]]+)")
+
+
+def _unrooted(text: str, page_dir: Path | None) -> str:
+    """``text`` with each absolute path named as the page names a run (from its folder, or by its last name)."""
+    return _ABSOLUTE.sub(lambda m: _where(Path(m.group(1)), page_dir), text)
+
+
 def _metadata(runs: Runs, page_dir: Path | None) -> str:
     out = []
     for r in runs.runs:
         out.append(f"<h3>{_e(r.label)}</h3><p class=note>{_e(_where(r.path, page_dir))}</p>")
-        out.append(_definitions((str(k), _meta_value(str(k), v)) for k, v in r.meta.items()))
+        out.append(_definitions((str(k), _unrooted(_meta_value(str(k), v), page_dir)) for k, v in r.meta.items()))
     return "\n".join(out)
 
 
