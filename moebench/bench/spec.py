@@ -27,7 +27,7 @@ from moebench.models import MoEShape, from_hf_config, get_model, shard
 from moebench.paths.base import Target
 from moebench.paths.registry import get_path
 from moebench.problem import Problem, check_seed
-from moebench.routing import ROUTINGS
+from moebench.routing import check_routing
 
 SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"  # the shipped specs (package data)
 CPU_SPEC, GPU_SPEC = "cpu", "quick"  # the default spec on the Triton interpreter / on a GPU
@@ -101,8 +101,7 @@ class SweepSpec:
             raise UserError(f"sweep '{self.name}': nothing to run")
         for b in self.blocks:
             b.validate(self.name)
-        if self.routing not in ROUTINGS:
-            raise UserError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
+        check_routing(self.routing)
 
     shapes = property(lambda self: _union(s for b in self.blocks for s in b.shapes))
     ms = property(lambda self: _union(m for b in self.blocks for m in b.ms))

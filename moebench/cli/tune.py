@@ -76,13 +76,20 @@ def summary_rows(result) -> list[dict]:
 @click.option("--check-against", type=GivenPath(path_type=Path, file_okay=False), default=None,
               help="Another tune's run folder (e.g. an exhaustive one): its choices re-timed beside this run's.")
 @click.option("--seed", default=0, show_default=True, help="Input seed.")
+@click.option("--routing", default="uniform", show_default=True, metavar="uniform|skewed|FILE",
+              help="The routing tuned under: uniform, skewed (Zipf-like), or a .pt/.npy file of top-k expert ids "
+                   "captured from a served model, one row per token (M rows drawn from it per batch).")
+@click.option("--m-weights", "m_weights", type=GivenPath(path_type=Path, dir_okay=False), default=None,
+              help="A histogram of served batch token counts (one count per line, or tokens,count): the table's "
+                   "keys at its weighted quantiles (unless --m), and the expected time per batch under it.")
 @click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folder is created.")
 @click.option("--fresh", is_flag=True, help="A new run folder even where a stopped tune of the same request resumes.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
 def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, path_name, ms, strategy, options,
-         no_prune, gpus, ray_address, compile_jobs, check_against, seed, out_dir, fmt, progress, fresh):
+         no_prune, gpus, ray_address, compile_jobs, check_against, seed, routing, m_weights, out_dir, fmt, progress,
+         fresh):
     """Tune the tile configs of one kernel for one shape and dtype over many M: a run folder with a row per
     measurement (failures included, typed) and best.json, the chosen config per M beside the untuned default.
 
@@ -93,17 +100,22 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     import time
 
     from moebench._interpret import interpreting
+    from moebench.routing import ROUTINGS, captured
     from moebench.tune.run import NothingChosen, TuneRequest
     from moebench.tune.run import tune as run_tune
+    from moebench.tune.traffic import keys_for, read_weights
 
     shape = one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep)
     interpreter = interpreting()
-    small_ms = interpreter and ms is None  # vLLM's 18 M take hours on the interpreter: the sweep's small list
+    weights = read_weights(m_weights) if m_weights else None
+    small_ms = interpreter and ms is None and not weights  # vLLM's 18 M take hours on the interpreter
     if small_ms:
         from moebench.bench.spec import INTERPRETER_MS
-    request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name,
-                          INTERPRETER_MS if small_ms else token_counts(ms), strategy, _options(options), seed=seed,
-                          prune=not no_prune)
+    counts = INTERPRETER_MS if small_ms else keys_for(weights) if weights and ms is None else token_counts(ms)
+    routing = routing if routing in ROUTINGS else captured(routing, shape.experts, shape.topk)
+    request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name, counts, strategy,
+                          _options(options), routing=routing, seed=seed, prune=not no_prune,
+                          m_weights=tuple(sorted(weights.items())) if weights else ())
     bar = progress_bar(progress)
     state = {"failures": {}, "first_error": {}, "best": {}, "task": None}
     started = time.monotonic()
@@ -172,6 +184,10 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
                 cells.append(_num(r["vs_check"], "{:.3f}x"))
             table.add_row(*cells)
         out_console().print(table)
+    if result.traffic:
+        t = result.traffic
+        note(f"under --m-weights ({t['batches']:g} batches): {t['tuned_us']:.1f} us per batch tuned, "
+             f"{t['default_us']:.1f} us with the default ({t['gain']:.2f}x)")
     took = f"run folder: {result.run_dir} ({_took(result, time.monotonic() - started)})"
     if failed:  # nothing to export at that M
         note(took)

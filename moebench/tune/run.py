@@ -39,6 +39,7 @@ from moebench.tune.prune import OWN_RULES, OWN_RUNNABLE, RULES, Facts
 from moebench.tune.seeds import known_seeds
 from moebench.tune.space import VLLM_MS, get_space
 from moebench.tune.strategies import DEFAULT, get_strategy
+from moebench.tune.traffic import under_traffic
 from moebench.workers.jobs import BUDGETS
 
 BEST_FILE = "best.json"
@@ -54,9 +55,10 @@ class TuneRequest:
     ms: tuple[int, ...] = VLLM_MS
     strategy: str = DEFAULT
     options: tuple[tuple[str, int], ...] = ()  # the strategy's options given, (name, value)
-    routing: str = "uniform"
+    routing: str = "uniform"  # a routing.ROUTINGS name, or a captured file's (routing.captured)
     seed: int = 0
     prune: bool = True
+    m_weights: tuple[tuple[int, float], ...] = ()  # served batch token counts and their weights (tune.traffic)
 
     @property
     def key(self) -> str:
@@ -72,6 +74,7 @@ class TuneResult:
     best: dict[int, Timed | None]  # per M: the chosen config, re-timed beside the default
     default: dict[int, Timed | None] = field(default_factory=dict)  # per M: the untuned config's
     known: dict[int, Timed | None] = field(default_factory=dict)  # per M: the best known seed's (hand-picked)
+    traffic: dict | None = None  # under --m-weights: the expected time per batch, tuned and default
     check: dict[int, tuple[Timed | None, Timed | None]] = field(default_factory=dict)  # per M: (ours, theirs)
     resumed: dict | None = None
 
@@ -245,6 +248,9 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
             result.best, result.default, result.known = _against_default(
                 bench, path, problems, chosen, {M: t.config for M, t in known.items()})
             result.check = _against_other(bench, chosen, ok.other)
+            result.traffic = under_traffic(dict(request.m_weights), *(
+                {M: t.time_us if t and t.ok else None for M, t in side.items()} for side in (result.best,
+                                                                                             result.default)))
             _write_best(writer.run_dir, request, result)
             missing = _nothing_chosen(chosen, result.best, failed)
             if missing:
@@ -351,4 +357,4 @@ def _write_best(run_dir: Path, request: TuneRequest, result: TuneResult) -> None
                       "other_us": t.time_us if t else None} for M, (o, t) in sorted(result.check.items())}
     write_json_atomic(run_dir / BEST_FILE, {"kernel": request.path, "model": request.shape.name,
                                             "shape": asdict(request.shape), "dtype": request.dtype,
-                                            "configs": table, "check": check})
+                                            "configs": table, "check": check, "traffic": result.traffic})
