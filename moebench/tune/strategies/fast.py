@@ -34,7 +34,7 @@ class Options:
     climbs: int = 5  # climb steps at most
     final: int = 4  # configs per M re-timed at the final budget
     share: int = 1  # 1: every model seed screened at every M; 0: each M screens its own seeds only
-    borrow: int = 1  # per climb step, the fastest configs of each neighbouring M screened at M too
+    borrow: int = 1  # per climb step, the fastest configs (at most lead) of each neighbouring M screened at M too
 
     def __post_init__(self) -> None:
         check_ranges("fast", self, {"per_shape": (0, MAX_COUNT), "top": (0, MAX_COUNT), "lead": (1, MAX_COUNT),
@@ -44,9 +44,9 @@ class Options:
             raise UserError("strategy 'fast': options top=0 and per_shape=0 seed nothing (one of them 1 or more)")
 
 
-# Per path, the defaults that differ from ``Options()``. moebench's kernel (``triton``) screens at about 38 ms a
-# config and M on an H200 against a few ms in the engines' form, and has many known seeds per M: each M screens
-# its own seeds, the model's first two and one per tile shape, and climbs twice from its fastest.
+# Per path, the defaults that differ from ``Options()``. moebench's kernel (``triton``) screens at 40-60 ms a
+# config and M on an H200 (docs/tuning.md) and has 16-256 known seeds per M: each M screens its own seeds, the
+# model's first two and one per tile shape, and climbs twice from its fastest (a borrow may be at most ``lead``).
 PATH_DEFAULTS = {"triton": dict(top=2, per_shape=1, lead=1, climbs=2, share=0)}
 
 
