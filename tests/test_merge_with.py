@@ -108,6 +108,15 @@ def test_bad_merge_inputs_are_one_line_exit_2_and_write_nothing(run, tmp_path, m
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
 
 
+def test_an_export_records_the_time_each_entry_was_picked_with(run, tmp_path):
+    """What retime sets today's times against: per M, the fastest row of the entry written (the final re-timing)."""
+    meta, df = load_run(run)
+    write_export(plan_export(meta, df, tmp_path / "out"))
+    times = json.loads((tmp_path / "out" / SIDECAR).read_text())["files"][NAME]["times"]
+    assert set(times) == {str(M) for M in MS}
+    assert all(t["time_us"] == 110.0 for t in times.values())  # tune_rows: the final winner's time
+
+
 def test_a_run_picked_over_several_shapes_is_refused(tmp_path):
     rows = tune_rows("triton-classic", CLASSIC, ms=MS)
     other = [{**r, "hidden": 2048, "model": "other"} for r in rows]

@@ -139,7 +139,7 @@ class Pools:
         """A ``PoolBench`` of ``path`` at ``problems`` on these pools."""
         from moebench._interpret import interpreting
         from moebench.tune.bench import PoolBench
-        from moebench.workers.pools import compile_pool, default_jobs, make_pool, weight_bytes
+        from moebench.workers.pools import compile_pool, default_jobs, local_gpus, make_pool, weight_bytes
 
         if self._time is None:
             self._time = make_pool(self.gpus)
@@ -148,7 +148,8 @@ class Pools:
         if not interpreting() and jobs and weight_bytes(problem) > self._sized_for:
             if self._compile is not None:
                 self._compile.close()
-            self._compile, self._sized_for = compile_pool(jobs, problem, self.gpus), weight_bytes(problem)
+            self._compile = compile_pool(jobs, problem, self.gpus or local_gpus())
+            self._sized_for = weight_bytes(problem)
         return PoolBench(path, problems, self._compile or self._time, self._time, on_result,
                          on_progress=on_progress, jobs=self.jobs)
 
