@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, emit, note, out_console, progress_bar
+from moebench.cli.console import FORMATS, GivenPath, emit, note, out_console, progress_bar
 from moebench.cli.shape import one_shape, shape_options
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
@@ -17,7 +17,7 @@ COLUMNS = ("file", "layout", "kernel", "model", "dtype", "M", "config", "now_us"
 
 
 @click.command()
-@click.argument("tables", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("tables", nargs=-1, required=True, type=GivenPath(path_type=Path))
 @shape_options("A preset (see `moebench models`); its shard (--tp/--ep) must have the file's E and N.")
 @click.option("--dtype", default=None,
               help=f"{DTYPE_NAMES}: one the file name stands for. [default: the file's; bf16 as fp16 without a GPU]")
@@ -26,7 +26,7 @@ COLUMNS = ("file", "layout", "kernel", "model", "dtype", "M", "config", "now_us"
 @click.option("--write", is_flag=True,
               help="Replace each stale entry (slower than the default beyond the noise, or failing) by the faster "
                    "of the two configs timed, the default; the other entries are kept, the file rewritten at once.")
-@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folder of the timings is created.")
 @click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,

@@ -205,13 +205,13 @@ def _num(v, fmt: str = "{:.1f}") -> str:
 @click.option("--engine-triton", default=None, metavar="X.Y.Z",
               help="sglang: the Triton release the SGLang server runs, which names its folder "
                    "[default: 3.8.0, SGLang 0.5.23's Triton].")
-@click.option("--merge-with", "shipped", default=None, type=click.Path(path_type=Path),
+@click.option("--merge-with", "shipped", default=None, type=GivenPath(path_type=Path, dir_okay=False),
               help="The engine's shipped table of the same shape: at each M both hold, both entries timed back to "
                    "back on this GPU in the table's kernel form and the faster kept (within noise: the shipped "
                    "one); the other keys of both kept. The sidecar says where each entry came from.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
               help="--merge-with: passes over each pair of entries, back to back.")
-@click.option("--runs", "runs_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--runs", "runs_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="--merge-with: where the run folder of its timings is created.")
 def export_configs(run, out_dir, layout, engine_triton, shipped, repeats, runs_dir):
     """Write a run's best tile config per (shape, dtype, M) where vLLM, SGLang or moebench reads it.
