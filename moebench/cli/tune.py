@@ -221,23 +221,52 @@ def _num(v, fmt: str = "{:.1f}") -> str:
 @click.option("--engine-triton", default=None, metavar="X.Y.Z",
               help="sglang: the Triton release the SGLang server runs, which names its folder "
                    "[default: 3.8.0, SGLang 0.5.23's Triton].")
-def export_configs(run, out_dir, layout, engine_triton):
+@click.option("--merge-with", "shipped", default=None, type=GivenPath(path_type=Path, dir_okay=False),
+              help="The engine's shipped table of the same shape: at each M both hold, both entries timed back to "
+                   "back on this GPU in the table's kernel form and the faster kept (within noise: the shipped "
+                   "one); the other keys of both kept. The sidecar says where each entry came from.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="--merge-with: passes over each pair of entries, back to back.")
+@click.option("--runs", "runs_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
+              help="--merge-with: where the run folder of its timings is created.")
+def export_configs(run, out_dir, layout, engine_triton, shipped, repeats, runs_dir):
     """Write a run's best tile config per (shape, dtype, M) where vLLM, SGLang or moebench reads it.
 
     The engines' files come from the engines' kernel form (path triton-classic; a tune's final re-timings
     where an M has them). Prints each file written, then the line that points the engine at them.
     """
-    from moebench.tables.export import export_run
+    from moebench.tables.export import plan_export, write_export
 
     meta, df = load_run_warned(run)
-    done = export_run(meta, df, out_dir, layout=layout, engine_triton=engine_triton,
-                      source_run=str(Path(run).resolve()))
+    plan = plan_export(meta, df, out_dir, layout=layout, engine_triton=engine_triton,
+                       source_run=str(Path(run).resolve()))
+    extra = _merge(plan, shipped, repeats, runs_dir) if shipped is not None else None
+    done = write_export(plan, extra)
     for w in done.warnings:
         note(w)
     for p in done.files:
         click.echo(str(p))
     if done.env_line:
         click.echo(done.env_line)
+
+
+def _merge(plan, shipped: Path, repeats: int, runs_dir: Path) -> dict:
+    """--merge-with: the shipped table matched, both timed, the faster kept in ``plan``; the sidecar's fields."""
+    from moebench._interpret import interpreting
+    from moebench.report.merge import merge, prepare
+    from moebench.report.pairs import Pools
+    from moebench.store.runfolder import check_out_dir
+
+    m = prepare(plan, shipped)
+    if interpreting():
+        raise UserError("--merge-with times both tables on a GPU and there is no CUDA GPU here")
+    check_out_dir(runs_dir, "--runs")
+    with Pools() as pools:
+        merged = merge(m, plan, runs_dir, pools, repeats=repeats)
+    taken = {k: v["from"] for k, v in merged.sidecar["merged_with"]["keys"].items()}
+    note(f"merged with {shipped}: M={','.join(k for k, v in taken.items() if v == 'tuned') or 'none'} from the tune, "
+         f"M={','.join(k for k, v in taken.items() if v == 'shipped') or 'none'} shipped; timings in {merged.run_dir}")
+    return {m.file: merged.sidecar}
 
 
 @click.command("tune-tables")
