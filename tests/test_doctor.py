@@ -431,3 +431,16 @@ def test_doctor_under_a_histogram_says_the_share_of_batches_between_keys(tmp_pat
     assert by_engine["moebench"]["between_keys"] == {"batches": 111.0, "share": pytest.approx(10 / 111)}
     assert [p["m"] for p in by_engine["moebench"]["picks"]] == [1, 3, 4096]  # the histogram's counts, not vLLM's 18
     assert by_engine["vllm"]["read"] is None and by_engine["vllm"]["between_keys"]["share"] is None
+
+
+def test_doctor_loads_no_torch():
+    """doctor is host code: asked with --device-name it answers without importing torch (a fresh process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from click.testing import CliRunner; import moebench.cli.main as m; "
+            "r = CliRunner().invoke(m.cli, ['doctor', '--model', 'qwen3-30b-a3b', '--dtype', 'bf16', "
+            "'--device-name', 'NVIDIA H200', '--format', 'json']); "
+            "print(r.exit_code, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split()[-2:] == ["0", "False"], out.stdout + out.stderr

@@ -23,7 +23,7 @@ import yaml
 
 from moebench.dtypes import get_dtype
 from moebench.errors import UserError
-from moebench.models import MoEShape, from_hf_config, get_model, shard
+from moebench.models import MoEShape, explicit_shape, from_hf_config, get_model, shard
 from moebench.paths.base import Target
 from moebench.paths.registry import get_path
 from moebench.problem import Problem, check_seed
@@ -209,12 +209,6 @@ def build_block(
 def build_spec(name: str, routing: str = "uniform", seed: int = 0, tune: bool = False, **block) -> SweepSpec:
     """A one-block spec from flags (the keyword arguments of ``build_block``)."""
     return SweepSpec(name, (build_block(**block),), routing, seed, tune)
-
-
-def explicit_shape(experts: int, hidden: int, intermediate: int, topk: int, name: str | None = None,
-                   moe_layers: int = 1) -> MoEShape:
-    return MoEShape(name or f"custom-e{experts}-h{hidden}-i{intermediate}", experts, hidden, intermediate,
-                    topk, moe_layers)
 
 
 def shipped_specs() -> list[str]:

@@ -36,8 +36,7 @@ def shape_options(model_help: str = "A preset (see `moebench models`)."):
 def one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep, verb: str = "tune"):
     """The one MoE shape a command is for: a preset, a config.json, or explicit sizes; then sharded.
     UserError (naming ``verb``, e.g. "tune one shape") unless exactly one of them is given."""
-    from moebench.bench.spec import explicit_shape
-    from moebench.models import from_hf_config, get_model, shard
+    from moebench.models import explicit_shape, from_hf_config, get_model, shard
 
     explicit = [v is not None for v in (experts, hidden, intermediate)]
     given = [model is not None, hf_config is not None, any(explicit)]

@@ -133,7 +133,7 @@ def _plan_one(tf: TableFile, shape: MoEShape | None, hidden_topk: tuple[int, int
     if hidden is None or topk is None:
         refuse("its hidden size is not in the file name and no export sidecar lists it: give --model, "
                "--hf-config, or --hidden and --topk")
-    from moebench.bench.spec import explicit_shape
+    from moebench.models import explicit_shape
 
     return Planned(tf, explicit_shape(tf.experts, hidden, tf.n, topk, name=tf.model), run_dtype)
 
