@@ -181,12 +181,6 @@ def row(problem: Problem, path: str, target: Target, t: Timed, source: str | Non
     """The run folder's row of one timing ``t``, as a sweep's rows are (no tune phase: ``report`` shows the
     fastest config of each point, ``compare`` and ``export-configs`` read it as any run); ``source`` says where
     the config came from (``config_source``: a table's entry, or the path's "heuristic" default)."""
-    from moebench.store.rows import Row
+    from moebench.tune.bench import timed_row
 
-    status = "ok" if t.ok else ("incorrect" if t.failure == "incorrect" else "error")
-    method = None if t.time_us is None else ("interpreter wall clock" if target.interpreter else "graph replay")
-    return replace(Row.for_point(problem, path, target), config=t.config.as_dict(), status=status,
-                   correct=None if t.rel_err is None and not t.ok else t.failure != "incorrect", rel_err=t.rel_err,
-                   time_us=t.time_us, time_p20_us=t.p20_us, time_p80_us=t.p80_us, reps=t.reps,
-                   timing_method=method, error=t.error, phase=None, failure=t.failure,
-                   config_source=source).as_dict()
+    return timed_row(problem, path, target, t, phase=None, source=source)

@@ -17,7 +17,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from moebench.dtypes import get_dtype
@@ -30,10 +30,9 @@ from moebench.paths.registry import get_path
 from moebench.problem import Problem, check_fits
 from moebench.store.atomic import write_json_atomic
 from moebench.store.resume import find_resumable, request_key, stop_on_sigterm, stopped_in
-from moebench.store.rows import Row
 from moebench.store.runfolder import RunWriter, ensure_out_dir, new_run_dir
 from moebench.tile import TileConfig
-from moebench.tune.bench import Kept, PoolBench, Timed
+from moebench.tune.bench import Kept, PoolBench, Timed, timed_row
 from moebench.tune.candidates import Candidates
 from moebench.tune.prune import OWN_RULES, OWN_RUNNABLE, RULES, Facts
 from moebench.tune.seeds import known_seeds
@@ -90,13 +89,7 @@ def _options(request: TuneRequest):
 
 
 def _row(request: TuneRequest, target: Target, t: Timed) -> dict:
-    status = "ok" if t.ok else ("incorrect" if t.failure == "incorrect" else "error")
-    row = Row.for_point(request.problem(t.M), request.path, target)
-    method = None if t.time_us is None else ("interpreter wall clock" if target.interpreter else "graph replay")
-    return replace(row, config=t.config.as_dict(), status=status, correct=None if t.rel_err is None and not t.ok
-                   else t.failure != "incorrect", rel_err=t.rel_err, time_us=t.time_us, time_p20_us=t.p20_us,
-                   time_p80_us=t.p80_us, reps=t.reps, timing_method=method, error=t.error, phase=t.phase,
-                   failure=t.failure).as_dict()
+    return timed_row(request.problem(t.M), request.path, target, t, phase=t.phase)
 
 
 def _timed(row: dict) -> Timed:

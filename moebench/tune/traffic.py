@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from moebench.errors import UserError
+from moebench.tables.table import nearest_key as table_nearest_key
 
 MAX_KEYS = 18  # as many keys as vLLM's tuner writes
 
@@ -60,8 +61,8 @@ def keys_for(weights: Mapping[int, float], n: int = MAX_KEYS) -> tuple[int, ...]
 
 
 def nearest_key(keys, m: int) -> int:
-    """The key the engines read for M tokens: the nearest, the smaller on a tie (``ConfigTable.nearest_key``)."""
-    return min(sorted(keys), key=lambda k: abs(k - m))
+    """The key the engines read for M tokens from a table written in ascending M: the smaller on a tie."""
+    return table_nearest_key(sorted(keys), m)
 
 
 def expected_us(weights: Mapping[int, float], times: Mapping[int, float]) -> float:

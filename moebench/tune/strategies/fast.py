@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from moebench.errors import UserError
-from moebench.tune.bench import Bench, fastest
+from moebench.tune.bench import Bench, fastest, unique
 from moebench.tune.strategies.ranges import MAX_COUNT, MAX_STEPS, check_ranges
 
 if TYPE_CHECKING:  # annotations only: the registry, read by --strategy, loads no torch
@@ -51,9 +51,9 @@ PATH_DEFAULTS = {"triton": dict(top=2, per_shape=1, lead=1, climbs=2, share=0)}
 
 
 def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
-    model = {M: _unique(_seeds(cands.ranked(M), opts)) for M in bench.ms}
-    shared = _unique(c for M in bench.ms for c in model[M])
-    first = {M: _unique(cands.seeds(M) + (shared if opts.share else model[M])) for M in bench.ms}
+    model = {M: unique(_seeds(cands.ranked(M), opts)) for M in bench.ms}
+    shared = unique(c for M in bench.ms for c in model[M])
+    first = {M: unique(cands.seeds(M) + (shared if opts.share else model[M])) for M in bench.ms}
     timed: dict[int, dict[tuple, object]] = {M: {} for M in bench.ms}  # M -> config key -> its screen
     failed: dict[tuple, object] = {}
 
@@ -84,10 +84,6 @@ def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
         leaders = new
     finals = bench.time({M: [t.config for t in fastest(timed[M].values(), opts.final)] for M in bench.ms}, "final")
     return {M: (best[0].config if (best := fastest(ts)) else None) for M, ts in finals.items()}
-
-
-def _unique(configs) -> list:
-    return list({c.key(): c for c in configs}.values())
 
 
 def _neighbours(M: int, ms: tuple[int, ...]) -> list[int]:
