@@ -2,9 +2,9 @@
 
 ``fused_moe`` checks the layer's tensors (shapes, dtypes, devices: a one-line UserError each), brings the routing
 to the kernels' dtypes (weights float32, ids int32), takes the tile config it is given or the one ``config_for``
-finds (a tuned table, else the heuristic the benchmark's triton path runs) and launches
-``moebench.kernels.fused_moe``. The checks read shapes only: nothing waits on the device, so a call can be
-captured in a CUDA graph.
+finds (a tuned table, else the fitted default of the other tables, else the heuristic the benchmark's triton
+path runs) and launches ``moebench.kernels.fused_moe``. The checks read shapes only: nothing waits on the
+device, so a call can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class _Layer:
     M: int  # tokens
     experts: int  # E
     intermediate: int  # I, per GPU (vLLM's N)
+    hidden: int  # K of GEMM1
     topk: int
     weight_bytes: int  # bytes per element of w13
     dtype: str  # moebench dtype name
@@ -90,7 +91,7 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch
     name = dtype_name(x.dtype, fp8_scheme, act_scale is not None)
     if name == "bf16" and interpreting():
         raise UserError("fused_moe: the Triton interpreter computes bf16 tl.dot wrongly; use fp16 or fp32 on the CPU")
-    return _Layer(M, E, I, topk_ids.shape[1], w13.element_size(), name, x.device)
+    return _Layer(M, E, I, H, topk_ids.shape[1], w13.element_size(), name, x.device)
 
 
 def _check_weight_scales(w13: torch.Tensor, w2: torch.Tensor, fp8_scheme: str | None,
@@ -121,17 +122,19 @@ def _tile(config: TileConfig | Mapping) -> TileConfig:
 def _choose(layer: _Layer, fp8_scheme: str | None, configs_dir) -> lookup.Chosen:
     heuristic = default_config(layer.M, layer.experts, layer.topk, layer.weight_bytes, fp8_scheme)
     return lookup.choose(layer.M, layer.experts, layer.intermediate, layer.dtype, environment.device_name(layer.device),
-                         heuristic, lookup.check_dir(configs_dir, what="configs_dir"))
+                         heuristic, lookup.check_dir(configs_dir, what="configs_dir"), hidden=layer.hidden,
+                         topk=layer.topk)
 
 
 def config_for(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, *,
                fp8_scheme: str | None = None, act_scale: torch.Tensor | None = None,
                configs_dir=None) -> lookup.Chosen:
     """The tile config ``fused_moe`` runs these tensors with when given none, and where it comes from
-    (``Chosen.source``: "configs", "env", "shipped" or "heuristic"; ``table_m`` the key read).
+    (``Chosen.source``: "configs", "env", "shipped", "fitted" or "heuristic"; ``table_m`` the key read).
 
     Tables are looked for in ``configs_dir``, then ``$MOEBENCH_CONFIGS``, then those shipped with moebench, by
-    (E, I, device name, dtype name), and read at the key nearest M; without one, the triton path's heuristic.
+    (E, I, device name, dtype name), and read at the key nearest M; without one, the fitted default of the
+    device's other tables (``moebench.tables.fitted``), else the triton path's heuristic.
     """
     return _choose(_check(x, w13, w2, topk_ids, fp8_scheme, act_scale), fp8_scheme, configs_dir)
 
