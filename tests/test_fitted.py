@@ -179,3 +179,12 @@ def test_a_table_of_another_shape_is_placed_at_its_own_sizes():
     """The point a table key stands for is that table's shape at that M (not the target's)."""
     t = Tuned("x.json", 256, 256, 7168, 8, "fp8-block128", "NVIDIA H200", ConfigTable({32: BASE}))
     assert t.at(32) == Where(32, 256, 8, 7168, 256)
+
+
+def test_an_empty_batch_is_placed_as_one_token():
+    """fused_moe accepts M = 0; the lookup asks the fit for it then."""
+    (entry,) = [e for e in SERVED if e.dtype == "fp8-block128"][:1]
+    w = where_of(entry, 0)
+    got, one = (EVERYWHERE.predict(where_of(entry, M), entry.dtype, HOPPER) for M in (0, 1))
+    assert (got.table.name, got.table_m) == (one.table.name, one.table_m)
+    assert_runnable(got.config, w, entry.dtype)

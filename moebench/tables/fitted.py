@@ -40,6 +40,9 @@ BORROW = {"16-bit": ("fp8",), "fp8": ("16-bit",), "fp8-block128": ()}  # tried i
 OPERAND_BYTES = {"16-bit": 2, "fp8": 1, "fp8-block128": 1}  # bytes per element of the GEMMs' operands
 WEIGHTS = (1.0, 0.5, 0.5, 0.5)  # slots per expert, experts touched, K, N (each as log2)
 MAX_DISTANCE = 3.0  # e.g. K and N both 8x apart, or experts touched 64x apart: beyond, the heuristic
+# The pruning rules of the engine fields that say what cannot compile or run (``tune.prune.RULES``); with
+# ``OWN_RUNNABLE``, the rules a carried config must pass.
+COMPILES = ("block-scale", "shared-memory", "registers")
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,9 @@ class Where:
         return self.experts * (1 - (1 - 1 / self.experts) ** self.slots)
 
     def features(self) -> tuple[float, ...]:
-        return (math.log2(self.slots / self.experts), math.log2(self.touched), math.log2(self.hidden),
+        """log2 of the slots per expert, the experts touched, K and N (an empty batch placed as one token)."""
+        one = self if self.M >= 1 else replace(self, M=1)
+        return (math.log2(one.slots / one.experts), math.log2(one.touched), math.log2(self.hidden),
                 math.log2(self.intermediate))
 
     @property
@@ -145,7 +150,8 @@ class Fit:
         dtype's own, then those it borrows from), nearest first."""
         klass = CLASS_OF.get(dtype)
         for k in (klass, *BORROW.get(klass, ())) if klass else ():
-            points = [(distance(where, t.at(m)), t, m) for t in self.tables if CLASS_OF[t.dtype] == k for m in t.table]
+            points = [(distance(where, t.at(m)), t, m) for t in self.tables if CLASS_OF.get(t.dtype) == k
+                      for m in t.table]
             near = sorted((p for p in points if p[0] <= self.max_distance), key=lambda p: (p[0], p[1].name, p[2]))
             if near:
                 return near
@@ -163,10 +169,6 @@ class Fit:
 
 def _pow2_ceil(v: int) -> int:
     return 1 << max(0, math.ceil(math.log2(v)))
-
-
-def _pow2_floor(v: int) -> int:
-    return 1 << max(0, int(math.log2(max(1, v))))
 
 
 def _carried(value: int, scale: float, values: Sequence[int], cap: int) -> int:
@@ -193,7 +195,7 @@ def fit_to(cfg: TileConfig, tuned_at: Where, where: Where, dtype: str,
       more column tiles; no more than hidden holds); each a value the search space declares, and only where
       the config allows it (GEMM2's split and preload take one column tile; its split the atomic sum);
     - num_stages lowered until the operand tiles fit shared memory; the result must pass every pruning rule
-      that says what cannot compile or run (block-scale, shared-memory, registers, ``OWN_RUNNABLE``).
+      that says what cannot compile or run (``COMPILES``, ``OWN_RUNNABLE``).
     """
     from moebench.tune.prune import OWN_RUNNABLE, RULES, Facts, split_full, tall_tile
     from moebench.tune.space import OWN_DIMS
@@ -234,7 +236,7 @@ def fit_to(cfg: TileConfig, tuned_at: Where, where: Where, dtype: str,
     except UserError:
         return None
     out = fit_stages(out, nbytes, limits)
-    if any(r.drops(out, facts) for r in (*RULES[:3], *OWN_RUNNABLE)):
+    if any(r.drops(out, facts) for r in (*(r for r in RULES if r.name in COMPILES), *OWN_RUNNABLE)):
         return None
     return out
 
