@@ -99,16 +99,33 @@ def _tuned(path: Path, mtime_ns: int) -> Tuned | None:
         return None  # a broken file is reported where it is read for its own shape, not for every other shape
 
 
+@lru_cache(maxsize=64)
+def _listing(folder: Path, mtime_ns: int) -> tuple[Path, ...]:
+    """The moebench tables in ``folder`` as it was at ``mtime_ns`` (a file added, removed or renamed into it
+    changes the folder's mtime)."""
+    return tuple(sorted(folder.glob(f"{FORMAT}_*,device_name=*,dtype=*.json")))
+
+
 def _table_files(configs_dir: Path | str | None, device_name: str | None) -> tuple[tuple[Path, int], ...]:
     """(file, mtime) of every moebench table (of ``device_name``; any device for None) in the lookup's folders,
     the first of each file name, as ``find_table`` would read it."""
-    device = "*" if device_name is None else device_name.replace(" ", "_")
+    device = None if device_name is None else f",device_name={device_name.replace(' ', '_')},dtype="
     files: dict[str, Path] = {}
     for _, folder in table_dirs(configs_dir):
-        if folder.is_dir():
-            for path in sorted(folder.glob(f"{FORMAT}_*,device_name={device},dtype=*.json")):
+        try:
+            listing = _listing(folder, folder.stat().st_mtime_ns)
+        except OSError:
+            continue  # no such folder: nothing in it
+        for path in listing:
+            if device is None or device in path.name:
                 files.setdefault(path.name, path)
-    return tuple((p, p.stat().st_mtime_ns) for p in files.values())
+    out = []
+    for p in files.values():
+        try:
+            out.append((p, p.stat().st_mtime_ns))
+        except OSError:
+            continue  # removed since the folder was listed
+    return tuple(out)
 
 
 def tuned_tables(configs_dir: Path | str | None = None, device_name: str | None = None) -> list[Tuned]:
