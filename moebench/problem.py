@@ -108,6 +108,7 @@ class Weights:
     w2_scale: torch.Tensor | None
     fp8_scheme: str | None
     act_scale: torch.Tensor | None = None  # [2] float32, static fp8 only: GEMM1's and GEMM2's input scales
+    block_shape: tuple[int, int] = (128, 128)  # fp8 "block128" scales: (block_n, block_k)
 
 
 @dataclass
