@@ -75,12 +75,12 @@ def _quant(fp8_scheme: str | None, block_shape: Sequence[int] | None, per_act_to
 def dtype_name(act: torch.dtype, fp8_scheme: str | None, static: bool = False,
                block_shape: tuple[int, int] = (128, 128)) -> str:
     """The moebench dtype name (``moebench.dtypes``) tables are keyed by, e.g. "fp16" or "fp8-tensor-static";
-    fp8 blocks other than 128x128 and static scales with "channel" weights have none (no table is read)."""
+    fp8 blocks other than 128x128 have none (no table is read); "channel" weights read fp8-channel's."""
     if fp8_scheme is None:
         return _PLAIN[act]
     if fp8_scheme in ("block", "block128"):
         return "fp8-block{}x{}".format(*block_shape) if block_shape != (128, 128) else "fp8-block128"
-    return f"fp8-{fp8_scheme}" + ("-static" if static else "")
+    return f"fp8-{fp8_scheme}" + ("-static" if static and fp8_scheme == "tensor" else "")
 
 
 @dataclass(frozen=True)
