@@ -57,8 +57,9 @@ def _quant(fp8_scheme: str | None, block_shape: Sequence[int] | None, per_act_to
         raise UserError(f"fused_moe: fp8_scheme='block128' is block_shape [128, 128], not {list(shape)}; "
                         "use fp8_scheme='block'")
     if per_act_token_quant is not None and fp8_scheme not in ("tensor", "channel"):
+        why = " (block scales quantize activations in 1 x block_k groups)" if block else ""
         raise UserError(f"fused_moe: per_act_token_quant is for fp8_scheme 'tensor' or 'channel', not "
-                        f"{fp8_scheme!r} (block scales quantize activations in 1 x block_k groups)")
+                        f"{fp8_scheme!r}{why}")
     if fp8_scheme == "tensor" and per_act_token_quant:
         raise UserError("fused_moe: per-token activation scales with per-tensor weight scales are not supported; "
                         "use fp8_scheme='channel'")
