@@ -85,6 +85,8 @@ CASES = [
      dict(per_tensor=True, static_out=True, quantize_h=False)),
     (replace(TILE, BLOCK_SIZE_K=64), "block128", dict(block_shape=(64, 64)), GPU,  # 64x64 blocks: a 64-wide tile
      dict(scale_n=64, scale_k=64, act_scheme="block128", group_out=True, h_fp8=True, swiglu_block_g=4)),
+    (DIRECT, None, dict(remote_slots=True), GPU,  # expert_map: the ids GEMM1 reads before a wait are a launch's
+     dict(align=False, pdl=False)),
     (replace(TILE, atomic_sum=False), None, dict(remote_slots=True), GPU,  # expert_map: rows no tile writes, zero
      dict(sums="rows", zero_rows=True)),
     (replace(TILE, split_k=2), "tensor", dict(remote_slots=True), GPU,  # h's per-tensor maximum reads every row

@@ -91,7 +91,7 @@ class LaunchPlan:
     scale_n: int  # fp8 block scales: weight rows per scale block (the kernels' SCALE_N)
     scale_k: int  # fp8 block scales: columns per block and per activation group (BLOCK_SIZE_K)
     static: bool  # static activation scales: x and h quantized at the given scales
-    pdl: bool  # every launch a programmatic dependent (a tile per slot, where the device has it)
+    pdl: bool  # every launch a programmatic dependent (a tile per slot, where the device has it, no expert_map)
     round_first: bool  # fp8 casts rounded in float32 first (the interpreter's cast drops carries)
     slots: int  # T = M * topk
     align: bool  # an align launch groups the slots by expert (else a tile per slot: direct_route)
@@ -193,7 +193,10 @@ def launch_plan(config: TileConfig, fp8_scheme: str | None, shapes: LayerShapes,
     block = min(TOPK_SUM_BLOCK, triton.next_power_of_2(H))
     return LaunchPlan(
         quant=quant, per_tensor=per_tensor, static=static, scale_n=scale_n, scale_k=scale_k,
-        act_scheme="tensor" if per_tensor else fp8_scheme, pdl=config.direct_route and device.pdl,
+        act_scheme="tensor" if per_tensor else fp8_scheme,
+        # A dependent launch reads topk_ids before it waits, as an input of the layer; mapped through expert_map
+        # they are a launch's output, so then no launch is a dependent.
+        pdl=config.direct_route and device.pdl and not shapes.remote_slots,
         round_first=device.interpreting, slots=T, align=not config.direct_route, max_blocks=max_blocks,
         sums=sums, zero=zero, x_quant=x_quant, quantize_x=quant != QUANT_NONE and not x_quant,
         split=split, group_out=group_out, quant_out=quant_out, static_out=static_out,
