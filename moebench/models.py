@@ -121,6 +121,13 @@ def model_names() -> list[str]:
     return list(PRESETS)
 
 
+def explicit_shape(experts: int, hidden: int, intermediate: int, topk: int, name: str | None = None,
+                   moe_layers: int = 1) -> MoEShape:
+    """A shape given by its sizes (``--experts --hidden --intermediate --topk``, a spec's ``shapes``), named by them."""
+    return MoEShape(name or f"custom-e{experts}-h{hidden}-i{intermediate}", experts, hidden, intermediate,
+                    topk, moe_layers)
+
+
 def get_model(name: str) -> MoEShape:
     """The preset called ``name`` (case-insensitive; aliases and ``org/`` prefixes accepted)."""
     key = name.strip().lower().rsplit("/", 1)[-1].replace("_", "-")

@@ -20,7 +20,18 @@ from moebench.dtypes import DtypeSpec, get_dtype
 from moebench.errors import UserError
 from moebench.models import MoEShape
 from moebench.quant import quantize_weight, static_act_scales
-from moebench.routing import ROUTINGS, route
+from moebench.routing import check_routing, route
+
+# Seeds are 0 to 2^32 - 1: numpy's generators take no negative seed, and make_inputs' derived seed
+# (seed * 1_000_003 + ...) must stay within torch's 64-bit one.
+SEED_MAX = 2**32 - 1
+
+
+def check_seed(seed) -> int:
+    """``seed`` where it is an integer from 0 to ``SEED_MAX``; a UserError (one line) where not."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= SEED_MAX:
+        raise UserError(f"seed must be an integer from 0 to {SEED_MAX}, got {seed!r}")
+    return seed
 
 
 @dataclass(frozen=True)
@@ -35,8 +46,8 @@ class Problem:
         if self.M <= 0:
             raise UserError(f"M must be a positive token count, got {self.M}")
         get_dtype(self.dtype)
-        if self.routing not in ROUTINGS:
-            raise UserError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
+        check_routing(self.routing)
+        check_seed(self.seed)
 
     @property
     def spec(self) -> DtypeSpec:

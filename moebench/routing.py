@@ -3,15 +3,24 @@
 ``route`` draws router logits from a seed, ``topk_softmax`` turns them into the routed weights and expert
 ids ``[M, topk]`` the layer takes; token ``t``'s choice ``j`` is slot ``s = t * topk + j``. Grouping the
 slots by expert for the GEMMs is the align step, ``moebench.kernels.align``.
+
+Besides the synthetic distributions, a routing can be captured from a served model: a file of top-k expert
+ids, one row per token (``captured``), named in a routing as ``file:<path>#<digest>`` (the digest of its
+contents, so a request names what it was tuned under). ``route`` then draws M of its rows, seeded.
 """
 
 from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
 
 import torch
 
 from moebench.errors import UserError
 
 ROUTINGS = ("uniform", "skewed")
+CAPTURED = "file:"  # the prefix of a captured routing: file:<path>#<digest>
 
 # Exponent of the Zipf-like popularity of 'skewed' routing: expert e gets the logit bias
 # -ZIPF_EXPONENT * ln(e + 1), i.e. its softmax weight is scaled by 1 / (e + 1) ** ZIPF_EXPONENT.
@@ -58,14 +67,75 @@ def route(M: int, experts: int, topk: int, routing: str, seed: int,
     - ``skewed``: the logits plus ``zipf_bias(experts)``, so a few low-numbered experts get
       most of the tokens.
     """
-    if routing not in ROUTINGS:
-        raise UserError(f"unknown routing {routing!r}; known: {', '.join(ROUTINGS)}")
+    check_routing(routing)
     if M < 1:
         raise UserError(f"the number of tokens M={M} must be at least 1")
     if not 1 <= topk <= experts:
         raise UserError(f"topk={topk} must be between 1 and the number of experts ({experts})")
     gen = torch.Generator(device="cpu").manual_seed(seed)
+    if routing.startswith(CAPTURED):
+        rows = _captured_rows(routing)  # [N, topk] int32
+        picked = rows[torch.randint(rows.shape[0], (M,), generator=gen)]  # [M, topk]
+        weights = torch.softmax(torch.randn(M, topk, generator=gen), dim=-1).sort(dim=-1, descending=True).values
+        return weights.to(device).contiguous(), picked.to(device).contiguous()
     logits = torch.randn(M, experts, generator=gen, dtype=torch.float32)  # [M, E]
     if routing == "skewed":
         logits = logits + zipf_bias(experts)
     return topk_softmax(logits.to(device), topk)
+
+
+def check_routing(routing: str) -> None:
+    """UserError unless ``routing`` is a synthetic distribution's name or a captured routing (``captured``)."""
+    if routing not in ROUTINGS and not (isinstance(routing, str) and routing.startswith(CAPTURED) and "#" in routing):
+        raise UserError(f"unknown routing {routing!r}; known: {', '.join(ROUTINGS)}, or a file of top-k ids")
+
+
+def load_ids(path: Path | str) -> torch.Tensor:
+    """The top-k expert ids of a captured routing file, [N, topk] int32: a ``.pt`` tensor or a ``.npy`` array of
+    integers, one row per token. UserError (one line) for anything else."""
+    path = Path(path)
+    try:
+        if path.suffix == ".npy":
+            import numpy as np
+
+            ids = torch.from_numpy(np.load(path, allow_pickle=False))
+        elif path.suffix == ".pt":
+            ids = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            raise UserError(f"routing file {path}: expected a .pt or .npy file of top-k expert ids")
+    except UserError:
+        raise
+    except Exception as e:  # a missing, unreadable or foreign file, whatever the loader raises
+        raise UserError(f"routing file {path}: cannot be read ({type(e).__name__}: {e})") from None
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.numel() == 0:
+        what = f"shape {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise UserError(f"routing file {path}: expected top-k ids [tokens, topk], got {what}")
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+        raise UserError(f"routing file {path}: expected integer expert ids, got {ids.dtype}")
+    return ids.to(torch.int32)
+
+
+def captured(path: Path | str, experts: int, topk: int) -> str:
+    """The routing name of the captured file ``path`` for a layer of ``experts`` experts and ``topk`` slots per
+    token: ``file:<absolute path>#<digest>``; UserError where its ids do not fit the layer."""
+    path = Path(path).absolute()
+    ids = load_ids(path)
+    if ids.shape[1] != topk:
+        raise UserError(f"routing file {path}: {ids.shape[1]} experts per token; the layer routes to {topk}")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= experts:
+        raise UserError(f"routing file {path}: expert ids {low}..{high}; the layer has experts 0..{experts - 1}")
+    digest = hashlib.sha1(path.read_bytes()).hexdigest()[:12]
+    return f"{CAPTURED}{path}#{digest}"
+
+
+@lru_cache(maxsize=4)
+def _captured_rows(routing: str) -> torch.Tensor:
+    path, digest = routing[len(CAPTURED):].rsplit("#", 1)
+    try:
+        now = hashlib.sha1(Path(path).read_bytes()).hexdigest()[:12]
+    except OSError as e:
+        raise UserError(f"routing file {path}: cannot be read ({e.strerror or e})") from None
+    if now != digest:
+        raise UserError(f"routing file {path} changed since it was named ({digest}): name it again")
+    return load_ids(path)

@@ -416,3 +416,31 @@ def test_from_log_of_sglang_follows_sglang_under_the_triton_its_folder_names():
     assert "3.7.0 (the log's folder)" in " ".join(finding["notes"])
     assert finding["command"].startswith("moebench tune --model deepseek-v3 --tp 8 --dtype fp8-block128")
     assert finding["command"].endswith("--layout sglang --engine-triton 3.7.0")
+
+
+def test_doctor_under_a_histogram_says_the_share_of_batches_between_keys(tmp_path, monkeypatch):
+    """--m-weights: M=3 falls between a table's keys 2 and 4 and reads 2, a key tuned at another M; the share
+    is its batches over all; an engine without a file says so (share None)."""
+    write_moebench(tmp_path / "shipped", (1, 2, 4, 4096))
+    (tmp_path / "h.csv").write_text("1,100\n3,10\n4096,1\n")
+    proc = moebench_in_process("doctor", "--model", "qwen3-30b-a3b", "--dtype", "bf16", "--device-name",
+                               "NVIDIA H200", "--engine", "all", "--m-weights", str(tmp_path / "h.csv"),
+                               "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    by_engine = {e["engine"]: e for e in json.loads(proc.stdout)["engines"]}
+    assert by_engine["moebench"]["between_keys"] == {"batches": 111.0, "share": pytest.approx(10 / 111)}
+    assert [p["m"] for p in by_engine["moebench"]["picks"]] == [1, 3, 4096]  # the histogram's counts, not vLLM's 18
+    assert by_engine["vllm"]["read"] is None and by_engine["vllm"]["between_keys"]["share"] is None
+
+
+def test_doctor_loads_no_torch():
+    """doctor is host code: asked with --device-name it answers without importing torch (a fresh process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from click.testing import CliRunner; import moebench.cli.main as m; "
+            "r = CliRunner().invoke(m.cli, ['doctor', '--model', 'qwen3-30b-a3b', '--dtype', 'bf16', "
+            "'--device-name', 'NVIDIA H200', '--format', 'json']); "
+            "print(r.exit_code, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split()[-2:] == ["0", "False"], out.stdout + out.stderr

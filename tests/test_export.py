@@ -15,7 +15,7 @@ from helpers import moebench_in_process
 from moebench.cli import main as cli
 from moebench.errors import UserError
 from moebench.store.rows import Row
-from moebench.store.runfolder import RunWriter, load_run
+from moebench.store.runfolder import RunWriter, load_run, run_ref
 from moebench.tables.export import SIDECAR
 from moebench.tables.formats import moebench as tiles
 from moebench.tables.formats import sglang, vllm
@@ -191,7 +191,7 @@ def test_moebench_layout_round_trips_every_field(tune_run, tmp_path, monkeypatch
         "triton", "NVIDIA H200", "bf16", VERSION, None)
     assert (meta.triton_version, meta.torch_version, meta.commit) == (META["triton"], META["torch"], "abc1234")
     assert meta.shape == {"experts": 8, "intermediate": 14336, "hidden": 4096, "topk": 2}
-    assert meta.source_run == str(run.resolve()) and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", meta.created)
+    assert meta.source_run == "../run" and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", meta.created)
     assert json.loads(path.read_text())["format"] == FORMAT
 
 
@@ -210,7 +210,7 @@ def test_sidecar_lists_each_file_and_merges_by_file_name(tune_run, tmp_path, mon
     for name, entry in files.items():
         assert entry["kernel"] == ("triton" if name == own else "triton-classic")
         assert (entry["triton_version"], entry["torch_version"], entry["commit"]) == ("3.6.0", META["torch"], "abc1234")
-        assert entry["source_run"] == str(run.resolve()) and entry["device_name"] == "NVIDIA H200"
+        assert entry["source_run"] == "../run" and entry["device_name"] == "NVIDIA H200"  # from --out, relative
         assert entry["M"] == VLLM_BATCH_SIZES and entry["final_M"] == VLLM_BATCH_SIZES
         assert entry["engine_triton"] == ("3.8.0" if name == sg else None)
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", entry["created"])
@@ -390,3 +390,12 @@ def test_an_export_that_fails_over_an_earlier_one_leaves_the_earlier_one(tune_ru
     _sidecar_rename_fails(monkeypatch)
     assert run_cli(monkeypatch, capsys, "export-configs", str(other), "--out", str(out))[0] == 2
     assert {p: p.read_bytes() for p in out.rglob("*")} == before
+
+
+@pytest.mark.parametrize("run, folder, named", [
+    ("/work/p/results/a-run", "/work/p/configs", "../results/a-run"),  # one tree: the way from the export
+    ("/work/p/configs/runs/a-run", "/work/p/configs", "runs/a-run"),  # inside the export's folder
+    ("/home/u/results/a-run", "/tmp/configs", "a-run"),  # nothing shared below the root: the folder's name
+])
+def test_source_run_is_named_from_the_export_folder_never_absolute(run, folder, named):
+    assert run_ref(Path(run), Path(folder)) == named

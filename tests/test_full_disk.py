@@ -1,6 +1,7 @@
 """A full disk: the one line names the file that could not be written, the run folder records the failure where
-meta.json can still be written, and a file is written whole or not at all. Writes fail by monkeypatching: the
-rows file opens on a disk with a few hundred bytes left; the atomic write raises ENOSPC."""
+meta.json can still be written (over itself in place where no temporary file fits), and a file is written whole or
+not at all. Writes fail by monkeypatching: the rows file opens on a disk with a few hundred bytes left; the atomic
+write raises ENOSPC."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from helpers import moebench_in_process
 
 from moebench.store import atomic
-from moebench.store.runfolder import load_run, run_status
+from moebench.store.runfolder import RunWriter, load_run, run_status
 
 SWEEP = ("sweep", "--model", "tiny", "--m", "1,2,3", "--dtype", "fp16", "--path", "torch", "--no-progress")
 
@@ -67,23 +68,58 @@ def test_a_sweep_on_a_full_disk_names_the_rows_file_and_records_the_failure(tmp_
     assert text.endswith("\n") and 1 <= len(df) < 3 and df.attrs["warnings"] == []
 
 
-def test_where_meta_json_cannot_take_the_failure_the_first_error_is_told(tmp_path, monkeypatch):
-    """The disk stays full for meta.json too: the line still names rows.jsonl, the write that failed first."""
+def _no_temp_for_meta(monkeypatch) -> None:
+    """meta.json's temporary file for the run's end cannot be written: its atomic write raises ENOSPC."""
     import moebench.store.runfolder as runfolder
 
-    _disk_with_room(monkeypatch, 1000)
-    write = runfolder.write_json_atomic
+    def full(path, obj):
+        assert obj.get("status") != "running"  # the precondition: the end's write, not a running run's
+        raise _enospc(str(path))
+    monkeypatch.setattr(runfolder, "write_json_atomic", full)
 
-    def full_after_start(path, obj):
-        if obj.get("status") != "running":
-            raise _enospc(str(path))
-        write(path, obj)
-    monkeypatch.setattr(runfolder, "write_json_atomic", full_after_start)
+
+def test_where_meta_json_gets_no_temp_file_the_failure_is_written_over_it_in_place(tmp_path, monkeypatch):
+    """The disk stays full for meta.json's temporary file too: the line still names rows.jsonl (the write that
+    failed first), and meta.json, overwritten in place, reads back failed with that error, not killed."""
+    _disk_with_room(monkeypatch, 1000)
+    _no_temp_for_meta(monkeypatch)
     r = moebench_in_process(*SWEEP, "--out", str(tmp_path / "results"), cwd=tmp_path)
     run = _only_run(tmp_path / "results")
     assert r.returncode == 2
     assert _errors(r) == [f"error: {run / 'rows.jsonl'}: No space left on device"]
-    assert json.loads((run / "meta.json").read_text())["status"] == "running"  # all it could keep
+    meta, _ = load_run(run)
+    assert run_status(meta) == "failed" and meta["error"].endswith(f"No space left on device: '{run / 'rows.jsonl'}'")
+    assert sorted(p.name for p in run.iterdir()) == ["meta.json", "rows.jsonl"]  # no temp file left
+
+
+def test_a_complete_run_whose_meta_gets_no_temp_file_still_reads_back_complete(tmp_path, monkeypatch):
+    """Every row fits but meta.json's temporary file does not: the end is written in place, exit 0."""
+    _no_temp_for_meta(monkeypatch)
+    r = moebench_in_process(*SWEEP, "--out", str(tmp_path / "results"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    meta, df = load_run(_only_run(tmp_path / "results"))
+    assert run_status(meta) == "complete" and len(df) == 3 and meta["wall_s"] >= 0
+
+
+def test_an_end_too_long_for_meta_json_keeps_its_status_and_reason(tmp_path, monkeypatch):
+    """The end's extra entries are left out so that its status, time and reason fit the file's size."""
+    run = tmp_path / "run"
+    writer = RunWriter(run, {"request": "abc"})
+    size = (run / "meta.json").stat().st_size
+    _no_temp_for_meta(monkeypatch)
+    writer.end(RuntimeError("x" * size), pruned={str(m): {"rule": m} for m in range(size)})
+    meta = json.loads((run / "meta.json").read_text())
+    assert (run / "meta.json").stat().st_size <= size
+    assert meta["status"] == "failed" and "pruned" not in meta and meta["error"].startswith("RuntimeError: xxx")
+    assert meta["request"] == "abc" and meta["pid"] == os.getpid() and meta["finished"]
+
+
+def test_overwrite_in_place_refuses_a_longer_text_and_leaves_the_file(tmp_path):
+    path = tmp_path / "meta.json"
+    path.write_text("0123456789")
+    assert not atomic.overwrite_in_place(path, "0123456789+")
+    assert path.read_text() == "0123456789"
+    assert atomic.overwrite_in_place(path, "short") and path.read_text() == "short"
 
 
 @pytest.mark.parametrize("fail", ["write", "replace"])

@@ -254,18 +254,23 @@ def test_a_run_that_did_not_run_through_is_flagged(tmp_path):
     folder = tmp_path / "stopped"
     folder.mkdir()
     meta = json.loads((KERNELS / "meta.json").read_text())
-    (folder / "meta.json").write_text(json.dumps({**meta, "status": "interrupted", "stopped_by": "SIGTERM"}))
+    (folder / "meta.json").write_text(json.dumps({
+        **meta, "status": "interrupted", "stopped_by": "SIGTERM",
+        "command": f"moebench trace --configs {tmp_path}/tables --out={tmp_path}/runs",  # paths as a user typed them
+        "trace": {"configs_dir": f"{tmp_path}/tables", "distribution": f"csv:{tmp_path}/lengths.csv"}}))
     (folder / "rows.jsonl").write_text(_kernel_rows_text())
     loaded = runs.load([folder])
     assert loaded.warnings and "SIGTERM" in loaded.warnings[0]
     boxes = Page(render_html(loaded, charts=[])).warnings
-    assert all(any(w in box for box in boxes) for w in loaded.warnings)
+    # each warning, its folder named by its name (a page with no folder of its own)
+    assert all(any(w.replace(str(folder), "stopped") in box for box in boxes) for w in loaded.warnings)
 
 
 def test_write_html_writes_the_page_and_nothing_else(tmp_path, kernels):
     out = write_html(kernels, tmp_path / "page.html", charts=[])
     assert out == tmp_path / "page.html"
-    assert out.read_text(encoding="utf-8") == render_html(kernels, charts=[])
+    # the page names its runs from its own folder (how depends on where the checkout and tmp_path lie)
+    assert out.read_text(encoding="utf-8") == render_html(kernels, charts=[], page_dir=tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["page.html"]
 
 
@@ -347,3 +352,22 @@ def test_a_trace_page_counts_its_requests_and_lists_no_sweep_method(tmp_path):
     text = Page((tmp_path / "page.html").read_text()).all_text()
     assert "1 run, 3 traced requests;" in text and "0 rows" not in text
     assert "% of floor" not in text and "time_us" not in text
+
+
+def test_a_page_names_its_runs_from_its_own_folder_with_no_absolute_path(tmp_path):
+    """Runs given by absolute path (one stopped, so its warning names the folder) and a page in another folder:
+    the page names them ../runs/<name>, and no absolute path of this machine is in it."""
+    folder = tmp_path / "runs" / "stopped"
+    folder.mkdir(parents=True)
+    meta = json.loads((KERNELS / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps({
+        **meta, "status": "interrupted", "stopped_by": "SIGTERM",
+        "command": f"moebench trace --configs {tmp_path}/tables --out={tmp_path}/runs",  # paths as a user typed them
+        "trace": {"configs_dir": f"{tmp_path}/tables", "distribution": f"csv:{tmp_path}/lengths.csv"}}))
+    (folder / "rows.jsonl").write_text(_kernel_rows_text())
+    loaded = runs.load([folder.absolute()])
+    assert any(str(folder) in w for w in loaded.warnings)  # the precondition: a warning naming the folder
+    page = write_html(loaded, tmp_path / "pages" / "page.html", charts=[]).read_text(encoding="utf-8")
+    assert str(tmp_path) not in page
+    assert "<p class=note>../runs/stopped</p>" in page and "run ../runs/stopped: interrupted" in page
+    assert "--configs ../tables --out=../runs" in page and "csv:../lengths.csv" in page

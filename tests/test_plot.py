@@ -294,3 +294,19 @@ def test_a_best_json_that_is_not_a_tunes_is_a_user_error_naming_it(tmp_path):
     (folder / plot.BEST_FILE).write_text('{"configs": {"one": {}}}')  # an M that is no number
     with pytest.raises(UserError, match="best.json"):
         plot.tuned_table(runs.load([folder]))
+
+
+def test_the_compiles_caption_counts_the_requests_replayed_not_those_asked_for(tmp_path):
+    """A trace stopped after 5 of its 1000 requests: the caption says 5 of 1000 replayed; a whole one, 1000."""
+    import gzip
+
+    cold = ROOT / "results" / "h200-trace-03dae1f" / "cold"
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    shutil.copy(cold / "meta.json", stopped / "meta.json")
+    first = gzip.decompress((cold / "rows.jsonl.gz").read_bytes()).decode().splitlines(keepends=True)[:5]
+    (stopped / "rows.jsonl").write_text("".join(first))
+    assert json.loads((stopped / "meta.json").read_text())["requests"] == 1000  # the precondition
+    caption = texts(by_name(runs.load([stopped]))["compiles"])
+    assert "5 of 1000 requests replayed" in caption
+    assert ": 1000 requests, " in texts(by_name(runs.load([cold]))["compiles"])

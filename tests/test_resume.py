@@ -3,6 +3,7 @@ run twice; the folder's status says how it stopped; torn rows, other requests an
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import platform
@@ -76,6 +77,28 @@ def test_a_last_row_whole_but_for_its_newline_is_kept(tmp_path):
     writer.append(_row(4))
     writer.end()
     assert load_run(run)[1]["M"].tolist() == [1, 2, 3, 4]
+
+
+def test_the_wall_time_of_a_resumed_run_sums_its_starts(tmp_path):
+    """Three starts: interrupted after 5 s, killed 7 s after it began (counted to its last row), then complete
+    after 2 s: meta.json's wall_s is the 14 s of all three, wall_s_by_start each start's."""
+    run = tmp_path / "run"
+    first = RunWriter(run, {"request": "abc"})
+    first.append(_row(1))
+    first.end(KeyboardInterrupt(), wall_s=5.0)
+    second = RunWriter(run, {"request": "abc"}, resume=True)
+    second.append(_row(2))
+    meta = json.loads((run / META_FILE).read_text())  # what SIGKILL leaves: running, its process gone
+    meta["resumed"][-1]["at"] = "2024-01-01T00:00:00Z"
+    write_json_atomic(run / META_FILE, {**meta, "pid": _dead_pid()})
+    last_row = calendar.timegm(time.strptime("2024-01-01T00:00:07", "%Y-%m-%dT%H:%M:%S"))
+    for p in (run / ROWS_FILE, run / META_FILE):
+        os.utime(p, (last_row, last_row))
+    third = RunWriter(run, {"request": "abc"}, resume=True)
+    assert third.resumed["previous_status"] == "killed"
+    third.end(wall_s=2.0)
+    meta = json.loads((run / META_FILE).read_text())
+    assert meta["wall_s_by_start"] == [5.0, 7.0, 2.0] and meta["wall_s"] == 14.0
 
 
 def _folder(base: Path, name: str, age_s: float, **meta) -> Path:

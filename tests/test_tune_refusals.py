@@ -49,6 +49,12 @@ def test_a_bad_check_against_run_is_refused_before_the_out_folder(tmp_path):
     (other / "best.json").write_text(json.dumps({"kernel": "triton", "shape": {"name": "tiny"}, "dtype": "fp16",
                                                  "configs": {}}))
     assert "it tuned triton tiny fp16" in _refused(tmp_path, "--check-against", str(other))
+    for broken in ([], {"kernel": "triton-classic", "shape": {"name": "tiny"}, "dtype": "fp16", "configs": []},
+                   {"kernel": "triton-classic", "shape": {"name": "tiny"}, "dtype": "fp16", "configs": {"1": "x"}},
+                   {"kernel": "triton-classic", "shape": {"name": "tiny"}, "dtype": "fp16",
+                    "configs": {"1": {"config": {"BLOCK_SIZE_M": "big"}}}}):
+        (other / "best.json").write_text(json.dumps(broken))
+        assert "best.json" in _refused(tmp_path, "--check-against", str(other)), broken
 
 
 def test_an_out_name_too_long_for_the_file_system_is_refused_before_any_folder(tmp_path):
@@ -58,6 +64,9 @@ def test_an_out_name_too_long_for_the_file_system_is_refused_before_any_folder(t
 
 OPTION_RANGES = [
     (fast.Options, {"top": -1}, "top"),
+    (fast.Options, {"top": 10**12}, "top"),  # a count past any space: an exhaustive tune that never ends
+    (fast.Options, {"climbs": 10**6}, "climbs"),
+    (fast.Options, {"borrow": -1}, "borrow"),
     (fast.Options, {"lead": 0}, "lead"),
     (fast.Options, {"climbs": -1}, "climbs"),
     (fast.Options, {"final": 0}, "final"),
@@ -66,6 +75,7 @@ OPTION_RANGES = [
     (fast.Options, {"top": 0, "per_shape": 0}, "top"),  # no seeds at all
     (exhaustive.Options, {"final": 0}, "final"),
     (exhaustive.Options, {"limit": -1}, "limit"),
+    (exhaustive.Options, {"limit": 10**9}, "limit"),
 ]
 
 

@@ -147,7 +147,7 @@ def test_sigterm_stops_a_tune_as_interrupted_with_exit_status_143(stopped):
     assert stopped["workers_gone"]
 
 
-def test_a_torn_last_row_of_a_stopped_tune_is_cut_off_with_a_warning_on_resume(stopped):
+def test_a_resumed_tune_cuts_a_torn_last_row_off_with_a_warning_and_sums_its_wall_time(stopped):
     run, kept = stopped["run"], stopped["rows"]
     with open(run / ROWS_FILE, "a") as f:
         f.write('{"model": "ti')  # a row cut short as the process stopped
@@ -162,6 +162,10 @@ def test_a_torn_last_row_of_a_stopped_tune_is_cut_off_with_a_warning_on_resume(s
     assert any(warning in w for w in resumed["warnings"])
     assert df.attrs["warnings"] == [] and meta["status"] == "complete"
     assert _lines(run)[:kept] == before
+    # the wall time is both starts', said in the closing line too
+    first, last = meta["wall_s_by_start"]
+    assert first == stopped["meta"]["wall_s"] and meta["wall_s"] == round(first + last, 1)
+    assert f"s; {meta['wall_s']:.0f} s over its 2 starts)" in done.stderr
     keys = _keys(run)
     assert [k for k, n in Counter(keys).items() if n > 1] == []
     assert {phase for _, _, phase in keys} == {"screen", "final", "default"}

@@ -16,7 +16,7 @@ from moebench.tile import TileConfig
 from moebench.tune import seeds as seeds_module
 from moebench.tune.candidates import Candidates
 from moebench.tune.handpicked import candidates as handpicked
-from moebench.tune.prune import OWN_RULES, Facts, direct_many, quant_x, split_full, tma_rows
+from moebench.tune.prune import OWN_RULES, RULES, Facts, direct_many, quant_x, split_full, tma_rows
 from moebench.tune.replay import ReplayBench
 from moebench.tune.run import TuneRequest, _options
 from moebench.tune.seeds import known_seeds
@@ -58,18 +58,30 @@ def test_the_engines_form_and_the_interpreter_seed_only_the_default(monkeypatch)
 
 @pytest.mark.parametrize("entry", SERVED, ids=lambda e: e.name)
 def test_the_space_and_its_rules_keep_every_handpicked_candidate_of_every_served_entry(entry):
-    """The declared space holds every value the hand-picked candidates use, and no rule drops one: a seed the
+    """The declared space holds every value the hand-picked candidates use, and no rule drops one (what
+    ``Candidates.allowed`` applies: the engine rules to its six fields, the own rules to the rest): a seed the
     search may not screen would be lost."""
     space = get_space("triton")
     values = {d.name: set(d.values) for d in space.dims}
+    off = {d.name: d.values[0] for d in space.own}
     for M in VLLM_MS:
         problem = Problem(entry.shape, M, entry.dtype)
-        cands = Candidates(space, {M: Facts.of(problem, "triton", HOPPER)},
-                           seeds={M: handpicked(problem, limits=HOPPER)})
-        hand = handpicked(problem, limits=HOPPER)
-        outside = [(n, v) for c in hand for n, v in c.as_dict().items() if n in values and v not in values[n]]
-        assert not outside, f"M={M}: {outside[:3]}"
-        assert len(cands.seeds(M)) == len(hand), f"M={M}"
+        f = Facts.of(problem, "triton", HOPPER)
+        for c in handpicked(problem, limits=HOPPER):
+            outside = [(n, v) for n, v in c.as_dict().items() if n in values and v not in values[n]]
+            assert not outside, f"M={M} {c.label}: {outside}"
+            dropped = [r.name for r in RULES if r.drops(replace(c, **off), f)]
+            dropped += [r.name for r in OWN_RULES if r.drops(c, f)]
+            assert not dropped, f"M={M} {c.label}: dropped by {dropped}"
+
+
+def test_candidates_give_the_seeds_their_rules_keep():
+    cands = Candidates(get_space("triton"), {1: facts(1), 4096: facts(4096)},
+                       seeds={1: [TileConfig(16, 64, 128, 1, 4, 4, split_k=4)],
+                              4096: [TileConfig(16, 64, 128, 1, 4, 4, split_k=4), TileConfig(64, 128, 64, 8, 4, 4)]})
+    assert [c.split_k for c in cands.seeds(1)] == [4]
+    assert [c.key() for c in cands.seeds(4096)] == [TileConfig(64, 128, 64, 8, 4, 4).key()]  # split-full
+    assert cands.seeds(64) == []
 
 
 def test_steps_from_a_seed_skip_a_dimension_whose_value_the_space_lacks():

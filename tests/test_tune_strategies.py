@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from moebench.hardware import HOPPER
+from moebench.hardware import HOPPER, DeviceLimits
 from moebench.models import get_model, shard
+from moebench.paths.registry import get_path
 from moebench.problem import Problem
 from moebench.tile import TileConfig
 from moebench.tune.candidates import Candidates
@@ -169,3 +170,36 @@ def test_the_command_offers_every_strategy_and_its_options():
     assert list(params["strategy"].type.choices) == list(STRATEGIES)
     for name, module in STRATEGIES.items():
         assert f"{name}: {', '.join(module.Options.__dataclass_fields__)}" in params["options"].help
+
+
+# --- moebench's kernel: the recorded H200 tunes of the default search --------------------------------------
+
+OWN_RECORDED = Path(__file__).parent / "data" / "h200-own-tune"  # screens of results/h200-own-tune-9b30689
+OWN_RECORDINGS = {
+    "qwen3-30b-a3b-bf16": (lambda: get_model("qwen3-30b-a3b"), "bf16", 1795),
+    "deepseek-v3-tp8-fp8-block128": (lambda: shard(get_model("deepseek-v3"), tp=8), "fp8-block128", 3997),
+}
+H200 = DeviceLimits(sms=132, l2_bytes=60 * 2**20, smem_bytes=227 * 1024)  # as torch reports the H200's
+
+
+@pytest.mark.parametrize("name", OWN_RECORDINGS)
+def test_the_replay_of_an_h200_tune_of_moebenchs_kernel_screens_what_the_h200_screened(name, monkeypatch):
+    """On the recorded screens, without noise, the default search (the path's options, the known seeds of the
+    H200's limits, the own-field rules, borrowing) asks for exactly the (M, config) screens the H200 tune made:
+    the replay runs the search the GPU ran. (It chooses by screens where the GPU chose by final re-times.)"""
+    from moebench.tune import handpicked, seeds
+    from moebench.tune.record import replay_rows
+
+    monkeypatch.setattr(seeds, "interpreting", lambda: False)  # the seeds and candidates of a GPU
+    monkeypatch.setattr(handpicked, "interpreting", lambda: False)
+    times = replay_rows(OWN_RECORDED / f"{name}.jsonl.gz")
+    shape, dtype, screened = OWN_RECORDINGS[name][0](), *OWN_RECORDINGS[name][1:]
+    problems = {M: Problem(shape, M, dtype) for M in sorted({M for M, _ in times})}
+    cands = Candidates(get_space("triton"), {M: Facts.of(p, "triton", H200) for M, p in problems.items()},
+                       seeds=seeds.known_seeds(get_path("triton"), problems, H200))
+    bench = Watched(times, noise=0.0)
+    chosen = fast.search(cands, bench, fast.Options(**fast.PATH_DEFAULTS["triton"]))
+    asked = [(M, key) for M, key, phase in bench.timed if phase == "screen"]
+    assert len(asked) == len(set(asked)) == screened
+    assert set(asked) == {k for k, t in times.items() if t is not None}
+    assert all(chosen[M] is not None for M in problems)

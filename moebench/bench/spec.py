@@ -23,11 +23,11 @@ import yaml
 
 from moebench.dtypes import get_dtype
 from moebench.errors import UserError
-from moebench.models import MoEShape, from_hf_config, get_model, shard
+from moebench.models import MoEShape, explicit_shape, from_hf_config, get_model, shard
 from moebench.paths.base import Target
 from moebench.paths.registry import get_path
-from moebench.problem import Problem
-from moebench.routing import ROUTINGS
+from moebench.problem import Problem, check_seed
+from moebench.routing import check_routing
 
 SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"  # the shipped specs (package data)
 CPU_SPEC, GPU_SPEC = "cpu", "quick"  # the default spec on the Triton interpreter / on a GPU
@@ -101,8 +101,7 @@ class SweepSpec:
             raise UserError(f"sweep '{self.name}': nothing to run")
         for b in self.blocks:
             b.validate(self.name)
-        if self.routing not in ROUTINGS:
-            raise UserError(f"unknown routing {self.routing!r}; known: {', '.join(ROUTINGS)}")
+        check_routing(self.routing)
 
     shapes = property(lambda self: _union(s for b in self.blocks for s in b.shapes))
     ms = property(lambda self: _union(m for b in self.blocks for m in b.ms))
@@ -110,15 +109,16 @@ class SweepSpec:
     paths = property(lambda self: _union(p for b in self.blocks for p in b.paths))
 
     def points(self) -> list[tuple[Problem, str]]:
-        """The plan, grouped so one (shape, dtype) shares its weights: block, shape, dtype, M, path."""
-        return [
+        """The plan, grouped so one (shape, dtype) shares its weights: block, shape, dtype, M, path. A point
+        named twice (``m: [1, 1]``, or in two blocks) is run once, where it first comes."""
+        return list(dict.fromkeys(
             (Problem(shape, m, dtype, self.routing, self.seed), path)
             for b in self.blocks
             for shape in b.shapes
             for dtype in b.dtypes
             for m in b.ms
             for path in b.paths
-        ]
+        ))
 
 
 def override(spec: SweepSpec, ms: tuple[int, ...] | None = None, dtypes: tuple[str, ...] | None = None,
@@ -136,10 +136,8 @@ def override(spec: SweepSpec, ms: tuple[int, ...] | None = None, dtypes: tuple[s
 
 
 def _int_list(value, what: str) -> tuple[int, ...]:
-    if isinstance(value, (int, str)) and not isinstance(value, bool):
-        value = [value]
     out = []
-    for v in value or []:
+    for v in _items(value, (int, str), what, "integers"):
         for part in str(v).split(","):
             part = part.strip()
             if not part:
@@ -151,10 +149,16 @@ def _int_list(value, what: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _str_list(value) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [value]
-    return tuple(p.strip() for v in value or [] for p in str(v).split(",") if p.strip())
+def _str_list(value, what: str) -> tuple[str, ...]:
+    return tuple(p.strip() for v in _items(value, (str,), what, "names") for p in v.split(",") if p.strip())
+
+
+def _items(value, types: tuple[type, ...], what: str, plural: str) -> list:
+    """``value`` (one of ``types``, a list of them, or null) as a list; a UserError naming ``what`` where not."""
+    items = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+    if any(isinstance(v, bool) or not isinstance(v, types) for v in items):
+        raise UserError(f"{what}: expected {plural}, one or a list, got {value!r:.60}")
+    return items
 
 
 def _int(value, what: str) -> int:
@@ -205,12 +209,6 @@ def build_block(
 def build_spec(name: str, routing: str = "uniform", seed: int = 0, tune: bool = False, **block) -> SweepSpec:
     """A one-block spec from flags (the keyword arguments of ``build_block``)."""
     return SweepSpec(name, (build_block(**block),), routing, seed, tune)
-
-
-def explicit_shape(experts: int, hidden: int, intermediate: int, topk: int, name: str | None = None,
-                   moe_layers: int = 1) -> MoEShape:
-    return MoEShape(name or f"custom-e{experts}-h{hidden}-i{intermediate}", experts, hidden, intermediate,
-                    topk, moe_layers)
 
 
 def shipped_specs() -> list[str]:
@@ -267,7 +265,7 @@ def load_spec(path: str | Path) -> SweepSpec:
             name=str(data.get("name") or path.stem),
             blocks=tuple(blocks),
             routing=str(data.get("routing", "uniform")),
-            seed=_int(data.get("seed", 0), "seed"),
+            seed=check_seed(_int(data.get("seed", 0), "seed")),
             tune=_bool(data.get("tune", False), "tune"),
         )
     except UserError as e:
@@ -293,13 +291,13 @@ def _block(path: Path, data: dict) -> Block:
         except (TypeError, ValueError):
             raise UserError(f"shapes[{i}]: sizes must be integers") from None
     return build_block(
-        models=_str_list(data.get("models")),
-        hf_configs=tuple(path.parent / p for p in _str_list(data.get("hf_configs"))),
+        models=_str_list(data.get("models"), "models"),
+        hf_configs=tuple(path.parent / p for p in _str_list(data.get("hf_configs"), "hf_configs")),
         shapes=tuple(shapes),
         ms=_int_list(data.get("m"), "m"),
         topks=_int_list(data.get("topk"), "topk"),
-        dtypes=_str_list(data.get("dtypes")) or ("bf16",),
-        paths=_str_list(data.get("paths")) or ("triton", "cutlass"),
+        dtypes=_str_list(data.get("dtypes"), "dtypes") or ("bf16",),
+        paths=_str_list(data.get("paths"), "paths") or ("triton", "cutlass"),
         tp=_int(data.get("tp", 1), "tp"),
         ep=_int(data.get("ep", 1), "ep"),
     )
@@ -321,7 +319,7 @@ def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_co
     List options arrive as the user typed them (comma lists, possibly repeated).
     """
     for flag, value in (("--m", ms), ("--topk", topk), ("--dtype", dtypes), ("--path", paths)):
-        if value is not None and not _str_list(value):
+        if value is not None and not _str_list(value, flag):
             raise UserError(f"{flag} is empty: give one or more values, comma separated")
     shape_flags = (experts, hidden, intermediate)
     flags_given = bool(models or hf_configs) or any(v is not None for v in shape_flags)
@@ -333,8 +331,8 @@ def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_co
         return override(
             load_spec(find_spec(spec_file) if spec_file else default_file),
             ms=_int_list(ms, "--m") if ms else None,
-            dtypes=_str_list(dtypes) or None,
-            paths=_str_list(paths) or None,
+            dtypes=_str_list(dtypes, "--dtype") or None,
+            paths=_str_list(paths, "--path") or None,
             topks=_int_list(topk, "--topk") if topk else None,
             routing=routing,
             seed=seed,
@@ -349,13 +347,13 @@ def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_co
         topks = topks if len(topks) > 1 else ()
     return build_spec(
         name="sweep",
-        models=_str_list(models),
+        models=_str_list(models, "--model"),
         hf_configs=tuple(hf_configs),
         shapes=shapes,
         ms=_int_list(ms or DEFAULT_MS, "--m"),
         topks=topks,
-        dtypes=_str_list(dtypes) or ("bf16",),
-        paths=_str_list(paths) or ("triton", "cutlass"),
+        dtypes=_str_list(dtypes, "--dtype") or ("bf16",),
+        paths=_str_list(paths, "--path") or ("triton", "cutlass"),
         routing=routing or "uniform",
         seed=seed or 0,
         tp=tp,

@@ -7,6 +7,8 @@ group that registers it. Rich is imported when first used, so ``--help`` stays l
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +16,34 @@ import click
 
 FORMATS = ("table", "csv", "json")  # --format: a rich table for people, CSV or JSON for programs
 TEXT_FORMATS = ("text", "json")  # --format of warmup, which prints one summary line rather than a table
+
+
+class GivenPath(click.Path):
+    """A path option or argument that names something: an empty one (``--out ""``, an unset variable) is
+    refused, not read as the current folder; where a file is needed (``dir_okay=False``), so is one that ends
+    in a slash (a folder's name)."""
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path names nothing", param, ctx)
+        if isinstance(value, str) and not self.dir_okay and value.endswith(("/", os.sep)):
+            self.fail(f"{value!r} ends in a slash, the name of a folder; a file is needed", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class NonNegative(click.ParamType):
+    """A finite number, 0 or more: ``nan`` and ``inf``, which Python's float reads, are refused too."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or number < 0:
+            self.fail(f"{value!r} is not a finite number of 0 or more", param, ctx)
+        return number
 
 
 def err_console():

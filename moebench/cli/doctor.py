@@ -4,10 +4,11 @@ table per engine out: the file it looks up, its places in order, the key read pe
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
-from moebench.cli.console import emit, out_console
+from moebench.cli.console import GivenPath, emit, out_console
 from moebench.cli.shape import one_shape, shape_options, token_counts
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
@@ -26,18 +27,24 @@ ENGINES = (*FORMATS, "all")
 @click.option("--engine-triton", default=None, metavar="X.Y.Z",
               help="SGLang: the Triton release its server runs, which names its folder. [default: the one here]")
 @click.option("--m", "ms", default=None, help="Serving token counts, comma list. [default: vLLM's 18: 1,2,...,4096]")
+@click.option("--m-weights", "m_weights", type=GivenPath(path_type=Path, dir_okay=False), default=None,
+              help="A histogram of served batch token counts (as `tune --m-weights` reads): the M shown are "
+                   "where its batches are (unless --m), and each engine says the share of batches whose M "
+                   "reads a key tuned at another M.")
 @click.option("--from-log", "log_line", default=None, metavar="LINE",
               help="An engine's \"Config file not found at ...\" warning (or the file name): answer for that file.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
 def doctor(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, device_name, engine, engine_triton,
-           ms, log_line, fmt):
+           ms, m_weights, log_line, fmt):
     """Which tuned config file vLLM, SGLang and moebench look up for a model on a GPU, every place each looks
     (in order) and what is there, the key each serving M reads and whether it was tuned, and the command that
     makes a missing file. Needs no GPU (--device-name names one).
     """
     from moebench.tables.doctor import Ask, diagnose, tune_flags
+    from moebench.tune.traffic import keys_for, read_weights
 
-    counts = token_counts(ms)
+    weights = read_weights(m_weights) if m_weights else None
+    counts = keys_for(weights) if weights and ms is None else token_counts(ms)
     shape_given = model is not None or hf_config is not None or any(v is not None for v in (experts, hidden,
                                                                                              intermediate))
     flags = None
@@ -60,14 +67,22 @@ def doctor(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype,
         ask, engines, notes = _from_log(log_line, dtype, device_name, engine, engine_triton, counts,
                                         shape if shape_given else None, flags)
     findings = diagnose(ask, engines)
+    between = _between_keys(ask, engines, weights) if weights else {}
     if fmt == "json":
-        emit(json.dumps({"notes": notes, "engines": [f.as_dict() for f in findings]}, indent=2))
+        emit(json.dumps({"notes": notes, "engines": [{**f.as_dict(), **({"between_keys": between[f.engine]}
+                                                                        if f.engine in between else {})}
+                                                     for f in findings]}, indent=2))
         return
     for line in notes:
         click.echo(line)
     console = out_console()
     for f in findings:
         _show(console, f)
+        if f.engine in between:
+            b = between[f.engine]
+            click.echo(f"- under --m-weights: {b['share']:.0%} of {b['batches']:g} batches read a key tuned at "
+                       f"another M" if b["share"] is not None else "- under --m-weights: no file, every batch "
+                       "runs the engine's default")
 
 
 def this_gpu() -> str:
@@ -164,3 +179,16 @@ def _show(console, f) -> None:
         console.print(Text("make it:" if f.read is None else "tune it again:", style="bold"))
         console.print(Text(f.command), soft_wrap=True)
     console.print()
+
+
+def _between_keys(ask, engines, weights: dict[int, float]) -> dict[str, dict]:
+    """Per engine: the share of the histogram's batches whose M reads a key tuned at another M (None: no file)."""
+    from dataclasses import replace
+
+    from moebench.tables.doctor import diagnose
+
+    total, out = sum(weights.values()), {}
+    for f in diagnose(replace(ask, ms=tuple(sorted(weights))), engines):
+        off = sum(weights[p.m] for p in f.picks if not p.tuned) if f.read is not None else None
+        out[f.engine] = {"batches": total, "share": None if off is None else off / total}
+    return out

@@ -19,6 +19,7 @@ from moebench.cli.console import note
 from moebench.cli.doctor import doctor
 from moebench.cli.probes import bounds, isa, profile
 from moebench.cli.report import compare, plot, report
+from moebench.cli.retime import retime
 from moebench.cli.sweep import sweep
 from moebench.cli.trace import trace
 from moebench.cli.tune import export_configs, tune, tune_tables
@@ -50,6 +51,7 @@ cli.add_command(tune)
 cli.add_command(tune_tables)
 cli.add_command(export_configs)
 cli.add_command(doctor)
+cli.add_command(retime)
 cli.add_command(warmup)
 cli.add_command(trace)
 cli.add_command(isa)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, emit, note, out_console, progress_bar
+from moebench.cli.console import FORMATS, GivenPath, emit, note, out_console, progress_bar
 from moebench.errors import UserError
 
 
@@ -74,11 +74,11 @@ def profile(model, tp, dtype, m, path_name, config_json, fmt):
 
 
 @click.command()
-@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("runs", nargs=-1, required=True, type=GivenPath(path_type=Path))
 @click.option("--path", "path_name", default="triton", show_default=True,
               help="The path whose fastest correct row per point is set beside the point's bound.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
-@click.option("--out", "out_dir", default=None, type=click.Path(path_type=Path),
+@click.option("--out", "out_dir", default=None, type=GivenPath(path_type=Path),
               help="Also write a run folder under this folder (meta.json with the ceilings, rows.jsonl).")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
 def bounds(runs, path_name, fmt, out_dir, progress):

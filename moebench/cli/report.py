@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, emit, note, out_console
+from moebench.cli.console import FORMATS, GivenPath, NonNegative, emit, note, out_console
 
 TABLES = ("throughput", "ttft", "tuned", "cold_start")
 
@@ -72,7 +72,7 @@ def print_tables(df, fmt: str, out, which: str | None = None, traces=(), tuned=N
 
 
 @click.command()
-@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("runs", nargs=-1, required=True, type=GivenPath(path_type=Path))
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--table", "which", type=click.Choice(TABLES), default=None,
               help="Print only this table (csv prints one table: throughput unless this names another; "
@@ -80,7 +80,7 @@ def print_tables(df, fmt: str, out, which: str | None = None, traces=(), tuned=N
 @click.option("--gains", is_flag=True,
               help="Instead: per triton point, best config and the Swap-AB, fp8 and vs-cutlass gains (and the "
                    "git commit of its run, where the runs named differ). GPU runs only.")
-@click.option("--html", "html_out", type=click.Path(path_type=Path), default=None,
+@click.option("--html", "html_out", type=GivenPath(path_type=Path, dir_okay=False), default=None,
               help="Also write one self-contained HTML page (charts, tables, machine, ceilings, method).")
 def report(runs, fmt, which, gains, html_out):
     """Print the tables of one or more run folders (rows taken together; each row keeps the floor of its
@@ -116,15 +116,15 @@ def report(runs, fmt, which, gains, html_out):
 
 
 @click.command()
-@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("runs", nargs=-1, required=True, type=GivenPath(path_type=Path))
 @click.option("--by", type=click.Choice(["path", "dtype", "swap_ab"]), default=None,
               help="Compare the variants of each point within ONE run (or baseline folder) instead of two runs.")
 @click.option("--base", "base_variant", default=None,
               help="With --by: the variant the others are set against [default: cutlass, bf16, off].")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
-@click.option("--threshold", default=0.03, show_default=True,
+@click.option("--threshold", default=0.03, show_default=True, type=NonNegative(),
               help="Smallest relative change called FASTER/SLOWER, whatever the measured noise.")
-@click.option("--fail-slower", "fail_pct", type=click.FloatRange(min=0), default=None, metavar="PCT",
+@click.option("--fail-slower", "fail_pct", type=NonNegative(), default=None, metavar="PCT",
               help="A regression gate: exit 1 naming the points more than PCT% slower than BASE and beyond noise "
                    "(or ok in BASE and failed now); exit 2 for runs of different GPUs or problems.")
 @click.option("--fail-on-slower", is_flag=True, help="Exit 1 when any point is SLOWER (same as --fail-slower 0).")
@@ -196,8 +196,8 @@ def _compare_within(run: Path, by: str, base_variant, fmt: str, threshold: float
 
 
 @click.command()
-@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", default=Path("plots"), show_default=True, type=click.Path(path_type=Path),
+@click.argument("runs", nargs=-1, required=True, type=GivenPath(path_type=Path))
+@click.option("--out", "out_dir", default=Path("plots"), show_default=True, type=GivenPath(path_type=Path),
               help="Folder the PNG charts are written to.")
 def plot(runs, out_dir):
     """Draw PNG charts of one or more run folders: time and % of floor versus M, the gains, a tune's

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from moebench.cli.console import GivenPath
 from moebench.errors import UserError
 
 
@@ -14,7 +15,7 @@ def shape_options(model_help: str = "A preset (see `moebench models`)."):
     """The decorator adding --model, --hf-config, --experts, --hidden, --intermediate, --topk, --tp, --ep."""
     options = [
         click.option("--model", default=None, help=model_help),
-        click.option("--hf-config", type=click.Path(path_type=Path), default=None, help="A Hugging Face config.json."),
+        click.option("--hf-config", type=GivenPath(path_type=Path), default=None, help="A Hugging Face config.json."),
         click.option("--experts", type=int, default=None, help="Explicit shape: routed experts."),
         click.option("--hidden", type=int, default=None, help="Explicit shape: hidden size."),
         click.option("--intermediate", type=int, default=None, help="Explicit shape: per-expert intermediate size."),
@@ -35,8 +36,7 @@ def shape_options(model_help: str = "A preset (see `moebench models`)."):
 def one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep, verb: str = "tune"):
     """The one MoE shape a command is for: a preset, a config.json, or explicit sizes; then sharded.
     UserError (naming ``verb``, e.g. "tune one shape") unless exactly one of them is given."""
-    from moebench.bench.spec import explicit_shape
-    from moebench.models import from_hf_config, get_model, shard
+    from moebench.models import explicit_shape, from_hf_config, get_model, shard
 
     explicit = [v is not None for v in (experts, hidden, intermediate)]
     given = [model is not None, hf_config is not None, any(explicit)]

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, note, out_console, progress_bar
+from moebench.cli.console import FORMATS, GivenPath, note, out_console, progress_bar
 from moebench.cli.report import TABLES, print_tables
 from moebench.dtypes import DTYPE_NAMES
 
 
 @click.command()
-@click.argument("spec", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("spec", required=False, type=GivenPath(dir_okay=False, path_type=Path))
 @click.option("--model", "models", multiple=True,
               help="Preset name(s), repeatable or comma list (see `moebench models`).")
-@click.option("--hf-config", "hf_configs", multiple=True, type=click.Path(path_type=Path),
+@click.option("--hf-config", "hf_configs", multiple=True, type=GivenPath(path_type=Path),
               help="A Hugging Face config.json (or its folder); repeatable.")
 @click.option("--experts", type=int, help="Explicit shape: routed experts (with --hidden, --intermediate, --topk).")
 @click.option("--hidden", type=int, help="Explicit shape: hidden size.")
@@ -35,14 +35,14 @@ from moebench.dtypes import DTYPE_NAMES
 @click.option("--seed", default=None, type=int, help="Input seed. [default: 0]")
 @click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree: divides the intermediate size.")
 @click.option("--ep", default=1, show_default=True, help="Expert-parallel degree: divides the experts.")
-@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folder is created.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS),
               help="Printed output.")
 @click.option("--table", "which", type=click.Choice(TABLES[:2]), default=None,
               help="Print only this table (csv prints one table: throughput unless this says ttft).")
 @click.option("--tune", is_flag=True, help="Try the tile-config candidates for the triton path (a row each).")
-@click.option("--configs", "configs_dir", type=click.Path(path_type=Path), default=None,
+@click.option("--configs", "configs_dir", type=GivenPath(path_type=Path), default=None,
               help="A folder of moebench tables (export-configs --layout moebench) the triton path reads its tile "
                    "config from, before $MOEBENCH_CONFIGS and the shipped tables; each row says where its config "
                    "came from (config_source).")

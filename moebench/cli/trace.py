@@ -7,13 +7,16 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, emit, note, out_console, progress_bar
+from moebench.cli.console import FORMATS, GivenPath, emit, note, out_console, progress_bar
 from moebench.cli.shape import one_shape, shape_options
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
 
 TABLES = ("summary", "events", "requests")
 DEFAULT_REQUESTS = 1000
+# The most requests one trace replays: their token counts and rows are held in memory, and a GPU replays some
+# hundred requests a second.
+MAX_REQUESTS = 1_000_000
 # The interpreter runs a layer call in tenths of a second even on a tiny shape: fewer, smaller requests there.
 INTERPRETER_REQUESTS, INTERPRETER_MAX_TOKENS = 20, 256
 
@@ -27,6 +30,9 @@ def _counts(dist, csv_file, requests, seed, max_tokens, interpreter) -> tuple[li
         return streams.token_counts(dist, n, seed, max_tokens), streams.distribution_label(dist, max_tokens)
     lengths = streams.read_prompt_lengths(csv_file)
     n = requests or (INTERPRETER_REQUESTS if interpreter else len(lengths))
+    if n > MAX_REQUESTS:
+        raise UserError(f"--csv {csv_file} holds {n:,} requests, more than the {MAX_REQUESTS:,} a trace replays: "
+                        "--requests N replays its first N")
     return [min(m, max_tokens) for m in lengths[:n]], f"csv:{csv_file} (clipped to 1..{max_tokens})"
 
 
@@ -55,18 +61,18 @@ def _summary_for_people(summary: dict):
                                                                                     "decode-mix"]),
               help="Token counts: lognormal (median 150, sigma 1.3), uniform, or decode-mix (80% decode batches "
                    "of 1..64 tokens, the rest lognormal).")
-@click.option("--csv", "csv_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+@click.option("--csv", "csv_file", type=GivenPath(path_type=Path, dir_okay=False), default=None,
               help="Token counts from a CSV of prompt lengths (column prompt_len or tokens, else the first numeric "
-                   "one), in order; replaces --dist.")
-@click.option("--requests", type=click.IntRange(min=1), default=None,
+                   "one), in order; in place of --dist.")
+@click.option("--requests", type=click.IntRange(1, MAX_REQUESTS), default=None,
               help="Requests to replay. [default: 1000; with --csv all its rows; without a GPU 20]")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="The largest token count (larger ones are clipped). [default: 4096; without a GPU 256]")
 @click.option("--seed", default=0, show_default=True, help="Seed of the token counts and the inputs.")
-@click.option("--configs", "configs_dir", type=click.Path(path_type=Path), default=None,
+@click.option("--configs", "configs_dir", type=GivenPath(path_type=Path), default=None,
               help="A folder of moebench tables the config per M is read from, before $MOEBENCH_CONFIGS and the "
                    "shipped tables.")
-@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+@click.option("--cache-dir", type=GivenPath(path_type=Path, file_okay=False), default=None,
               help="Triton's on-disk cache for the replay (e.g. one `moebench warmup` filled). [default: a fresh "
                    "temporary folder, removed after: a cold start]")
 @click.option("--warmup", is_flag=True,
@@ -75,7 +81,7 @@ def _summary_for_people(summary: dict):
                    "a server's start-up does (meta.json: startup_s, startup_kernels).")
 @click.option("--specialize", is_flag=True,
               help="Replay with twins of the kernels that specialize on token counts (no do_not_specialize).")
-@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folder is created.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--table", "which", default=None, type=click.Choice(TABLES),
@@ -106,6 +112,7 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
 
     from moebench._interpret import interpreting
     from moebench.bench.spec import INTERPRETER_MAX_WEIGHTS, weight_elements
+    from moebench.problem import check_seed
     from moebench.report import tables as report
     from moebench.serve import streams
     from moebench.serve import trace as tr
@@ -113,6 +120,9 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     from moebench.store.runfolder import ensure_out_dir
     from moebench.tables.lookup import check_dir
 
+    check_seed(seed)
+    if csv_file is not None and click.get_current_context().get_parameter_source("dist").name != "DEFAULT":
+        raise UserError("--csv gives the token counts and --dist draws them: give one of the two")
     interpreter = interpreting()
     if model is None and hf_config is None and experts is None:
         if not interpreter:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, emit, load_run_warned, note, out_console, progress_bar
+from moebench.cli.console import FORMATS, GivenPath, emit, load_run_warned, note, out_console, progress_bar
 from moebench.cli.shape import one_shape, shape_options, token_counts
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
@@ -73,16 +73,23 @@ def summary_rows(result) -> list[dict]:
               help="Run the workers on a Ray cluster (ADDRESS; alone: Ray's default). Needs moebench[ray].")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
               help="Processes that compile and first-run configs. [default: cores - 1, at most 15]")
-@click.option("--check-against", type=click.Path(path_type=Path, file_okay=False), default=None,
+@click.option("--check-against", type=GivenPath(path_type=Path, file_okay=False), default=None,
               help="Another tune's run folder (e.g. an exhaustive one): its choices re-timed beside this run's.")
 @click.option("--seed", default=0, show_default=True, help="Input seed.")
-@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--routing", default="uniform", show_default=True, metavar="uniform|skewed|FILE",
+              help="The routing tuned under: uniform, skewed (Zipf-like), or a .pt/.npy file of top-k expert ids "
+                   "captured from a served model, one row per token (M rows drawn from it per batch).")
+@click.option("--m-weights", "m_weights", type=GivenPath(path_type=Path, dir_okay=False), default=None,
+              help="A histogram of served batch token counts (one count per line, or tokens,count): the table's "
+                   "keys at its weighted quantiles (unless --m), and the expected time per batch under it.")
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folder is created.")
 @click.option("--fresh", is_flag=True, help="A new run folder even where a stopped tune of the same request resumes.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
 def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, path_name, ms, strategy, options,
-         no_prune, gpus, ray_address, compile_jobs, check_against, seed, out_dir, fmt, progress, fresh):
+         no_prune, gpus, ray_address, compile_jobs, check_against, seed, routing, m_weights, out_dir, fmt, progress,
+         fresh):
     """Tune the tile configs of one kernel for one shape and dtype over many M: a run folder with a row per
     measurement (failures included, typed) and best.json, the chosen config per M beside the untuned default.
 
@@ -93,17 +100,22 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     import time
 
     from moebench._interpret import interpreting
+    from moebench.routing import ROUTINGS, captured
     from moebench.tune.run import NothingChosen, TuneRequest
     from moebench.tune.run import tune as run_tune
+    from moebench.tune.traffic import keys_for, read_weights
 
     shape = one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep)
     interpreter = interpreting()
-    small_ms = interpreter and ms is None  # vLLM's 18 M take hours on the interpreter: the sweep's small list
+    weights = read_weights(m_weights) if m_weights else None
+    small_ms = interpreter and ms is None and not weights  # vLLM's 18 M take hours on the interpreter
     if small_ms:
         from moebench.bench.spec import INTERPRETER_MS
-    request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name,
-                          INTERPRETER_MS if small_ms else token_counts(ms), strategy, _options(options), seed=seed,
-                          prune=not no_prune)
+    counts = INTERPRETER_MS if small_ms else keys_for(weights) if weights and ms is None else token_counts(ms)
+    routing = routing if routing in ROUTINGS else captured(routing, shape.experts, shape.topk)
+    request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name, counts, strategy,
+                          _options(options), routing=routing, seed=seed, prune=not no_prune,
+                          m_weights=tuple(sorted(weights.items())) if weights else ())
     bar = progress_bar(progress)
     state = {"failures": {}, "first_error": {}, "best": {}, "task": None}
     started = time.monotonic()
@@ -172,7 +184,11 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
                 cells.append(_num(r["vs_check"], "{:.3f}x"))
             table.add_row(*cells)
         out_console().print(table)
-    took = f"run folder: {result.run_dir} ({time.monotonic() - started:.0f} s)"
+    if result.traffic:
+        t = result.traffic
+        note(f"under --m-weights ({t['batches']:g} batches): {t['tuned_us']:.1f} us per batch tuned, "
+             f"{t['default_us']:.1f} us with the default ({t['gain']:.2f}x)")
+    took = f"run folder: {result.run_dir} ({_took(result, time.monotonic() - started)})"
     if failed:  # nothing to export at that M
         note(took)
         note(f"tune failed: {failed}", "red")
@@ -180,13 +196,24 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     note(took if interpreter else f"{took}; export: moebench export-configs {result.run_dir}")
 
 
+def _took(result, seconds: float) -> str:
+    """How long the tune took: this start, and for a resumed one all its starts (meta.json's wall times)."""
+    if not result.resumed:
+        return f"{seconds:.0f} s"
+    from moebench.store.runfolder import META_FILE, WALL, WALL_BY_START, read_meta
+
+    meta = read_meta(result.run_dir / META_FILE)
+    starts = meta.get(WALL_BY_START) or []
+    return f"{seconds:.0f} s; {meta.get(WALL, 0):.0f} s over its {len(starts)} starts"
+
+
 def _num(v, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
 @click.command("export-configs")
-@click.argument("run", type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", default=Path("configs"), show_default=True, type=click.Path(path_type=Path),
+@click.argument("run", type=GivenPath(path_type=Path))
+@click.option("--out", "out_dir", default=Path("configs"), show_default=True, type=GivenPath(path_type=Path),
               help="Folder to write into, with moebench-export.json (provenance of each file).")
 @click.option("--layout", default="vllm", show_default=True, type=click.Choice(list(LAYOUTS)),
               help="vllm: OUT/<name>.json; sglang: OUT/configs/triton_<x_y_z>/<name>.json (both from "
@@ -194,17 +221,27 @@ def _num(v, fmt: str = "{:.1f}") -> str:
 @click.option("--engine-triton", default=None, metavar="X.Y.Z",
               help="sglang: the Triton release the SGLang server runs, which names its folder "
                    "[default: 3.8.0, SGLang 0.5.23's Triton].")
-def export_configs(run, out_dir, layout, engine_triton):
+@click.option("--merge-with", "shipped", default=None, type=GivenPath(path_type=Path, dir_okay=False),
+              help="The engine's shipped table of the same shape: at each M both hold, both entries timed back to "
+                   "back on this GPU in the table's kernel form and the faster kept (within noise: the shipped "
+                   "one); the other keys of both kept. The sidecar says where each entry came from.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="--merge-with: passes over each pair of entries, back to back.")
+@click.option("--runs", "runs_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
+              help="--merge-with: where the run folder of its timings is created.")
+def export_configs(run, out_dir, layout, engine_triton, shipped, repeats, runs_dir):
     """Write a run's best tile config per (shape, dtype, M) where vLLM, SGLang or moebench reads it.
 
     The engines' files come from the engines' kernel form (path triton-classic; a tune's final re-timings
     where an M has them). Prints each file written, then the line that points the engine at them.
     """
-    from moebench.tables.export import export_run
+    from moebench.tables.export import plan_export, write_export
 
     meta, df = load_run_warned(run)
-    done = export_run(meta, df, out_dir, layout=layout, engine_triton=engine_triton,
-                      source_run=str(Path(run).resolve()))
+    plan = plan_export(meta, df, out_dir, layout=layout, engine_triton=engine_triton,
+                       source_run=str(Path(run).resolve()))
+    extra = _merge(plan, shipped, repeats, runs_dir) if shipped is not None else None
+    done = write_export(plan, extra)
     for w in done.warnings:
         note(w)
     for p in done.files:
@@ -213,14 +250,33 @@ def export_configs(run, out_dir, layout, engine_triton):
         click.echo(done.env_line)
 
 
+def _merge(plan, shipped: Path, repeats: int, runs_dir: Path) -> dict:
+    """--merge-with: the shipped table matched, both timed, the faster kept in ``plan``; the sidecar's fields."""
+    from moebench._interpret import interpreting
+    from moebench.report.merge import merge, prepare
+    from moebench.report.pairs import Pools
+    from moebench.store.runfolder import check_out_dir
+
+    m = prepare(plan, shipped)
+    if interpreting():
+        raise UserError("--merge-with times both tables on a GPU and there is no CUDA GPU here")
+    check_out_dir(runs_dir, "--runs")
+    with Pools() as pools:
+        merged = merge(m, plan, runs_dir, pools, repeats=repeats)
+    taken = {k: v["from"] for k, v in merged.sidecar["merged_with"]["keys"].items()}
+    note(f"merged with {shipped}: M={','.join(k for k, v in taken.items() if v == 'tuned') or 'none'} from the tune, "
+         f"M={','.join(k for k, v in taken.items() if v == 'shipped') or 'none'} shipped; timings in {merged.run_dir}")
+    return {m.file: merged.sidecar}
+
+
 @click.command("tune-tables")
 @click.option("--model", "models", multiple=True, help="Only this preset (repeatable). [default: every served one]")
 @click.option("--dtype", "dtypes", multiple=True, help="Only this dtype (repeatable).")
 @click.option("--list", "list_only", is_flag=True, help="Print the served shapes and dtypes, then exit.")
 @click.option("--m", "ms", default=None, help="Token counts, comma list. [default: vLLM's 18: 1,2,4,...,3072,4096]")
-@click.option("--into", "into", default=Path("configs"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--into", "into", default=Path("configs"), show_default=True, type=GivenPath(path_type=Path),
               help="Folder the tables are written into (moebench/tables/shipped for the package's own).")
-@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=click.Path(path_type=Path),
+@click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the tunes' run folders are created.")
 @click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import TEXT_FORMATS, note, progress_bar
+from moebench.cli.console import TEXT_FORMATS, GivenPath, note, progress_bar
 from moebench.cli.shape import one_shape, shape_options
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
@@ -46,19 +46,19 @@ def summary_line(plan, report) -> str:
 
 
 @click.command()
-@click.option("--table", type=click.Path(path_type=Path), default=None,
+@click.option("--table", type=GivenPath(path_type=Path), default=None,
               help="A moebench table file (export-configs --layout moebench): its configs, each M at its nearest key, "
                    "on its shape.")
 @shape_options()
 @click.option("--dtype", default=None, help=f"{DTYPE_NAMES} (with a shape).")
-@click.option("--configs", "configs_dir", type=click.Path(path_type=Path), default=None,
+@click.option("--configs", "configs_dir", type=GivenPath(path_type=Path), default=None,
               help="A folder of moebench tables looked in before $MOEBENCH_CONFIGS and the shipped tables.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Warm every launch the triton path makes for 1..N tokens (each M at the config the lookup "
                    "gives it), once per distinct launch.")
 @click.option("--jobs", type=click.IntRange(min=0), default=None,
               help="Worker processes that compile; 0 compiles in this one. [default: cores - 1, at most 15]")
-@click.option("--cache-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+@click.option("--cache-dir", type=GivenPath(path_type=Path, file_okay=False), default=None,
               help="Triton cache folder to compile into. [default: $TRITON_CACHE_DIR, else Triton's ~/.triton/cache]")
 @click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(TEXT_FORMATS))
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")

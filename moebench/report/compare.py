@@ -14,6 +14,8 @@ noise, or ok in the base and failed in the new run; runs of different GPUs or pr
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
@@ -140,8 +142,8 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, min_threshold: float = 0
 
     ``ratio = new_us / base_us``; ``noise`` is ``combined_noise`` of the two sides at that point.
     """
-    if min_threshold < 0:
-        raise UserError(f"noise threshold {min_threshold} must be >= 0")
+    if not 0 <= min_threshold < math.inf:  # nan too
+        raise UserError(f"noise threshold {min_threshold} must be a finite number >= 0")
     check_comparable(base, new)
     key = list(KEY)
     cmp = point_times(base, key).merge(point_times(new, key), on=key, how="inner", suffixes=("_b", "_n"))

@@ -13,6 +13,7 @@ import base64
 import html
 import json
 import numbers
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import pandas as pd
 from moebench.report import tables as report
 from moebench.report.runs import Runs
 from moebench.store.atomic import write_text_atomic
+from moebench.store.runfolder import run_ref
 
 _CSS = """
 :root { --ink: #1d2329; --muted: #5b6670; --rule: #d5dbe1; --zebra: #f3f6f9; --accent: #2458a6; }
@@ -137,7 +139,7 @@ def _counts(runs: Runs) -> str:
     return ", ".join(parts + ([_plural(requests, "traced request")] if requests else []))
 
 
-def _header(runs: Runs) -> str:
+def _header(runs: Runs, page_dir: Path | None) -> str:
     labels = [r.label for r in runs.runs]
     commits = list(dict.fromkeys(str(r.meta.get("git_commit") or "unknown") for r in runs.runs))
     starts = sorted(str(r.meta["started"]) for r in runs.runs if r.meta.get("started"))
@@ -155,7 +157,7 @@ def _header(runs: Runs) -> str:
                      f"The kernels of {_e(which)} ran on the CPU through the Triton interpreter: what such a run "
                      "shows is whether each point matches the float32 reference, not how fast it is.</div>")
     if runs.warnings:
-        items = "".join(f"<li>{_e(w)}</li>" for w in runs.warnings)
+        items = "".join(f"<li>{_e(_from_page(w, runs, page_dir))}</li>" for w in runs.warnings)
         parts.append(f'<div class="warn"><strong>Read with care</strong><ul>{items}</ul></div>')
     return "\n".join(parts)
 
@@ -312,19 +314,43 @@ def _meta_value(key: str, value: object) -> str:
     return report.format_cell(key, value)
 
 
-def _metadata(runs: Runs) -> str:
+def _where(path: Path, page_dir: Path | None) -> str:
+    """A run folder as the page names it: from the page's folder, or by its name."""
+    return path.name if page_dir is None else run_ref(path, page_dir)
+
+
+def _from_page(text: str, runs: Runs, page_dir: Path | None) -> str:
+    """``text`` (a load's warning, which names the folder as the command line did) with each run's absolute path
+    named from the page (a relative one names no machine's folders and stays)."""
+    for r in runs.runs:
+        text = text.replace(str(r.path.absolute()), _where(r.path, page_dir))
+    return text
+
+
+# An absolute path in a meta.json value (the command line's folders, trace's configs_dir, cache_dir, csv:<file>).
+_ABSOLUTE = re.compile(r"(?:(?<=^)|(?<=[\s=:\[\"']))(/[^\s\"',\]]+)")
+
+
+def _unrooted(text: str, page_dir: Path | None) -> str:
+    """``text`` with each absolute path named as the page names a run (from its folder, or by its last name)."""
+    return _ABSOLUTE.sub(lambda m: _where(Path(m.group(1)), page_dir), text)
+
+
+def _metadata(runs: Runs, page_dir: Path | None) -> str:
     out = []
     for r in runs.runs:
-        out.append(f"<h3>{_e(r.label)}</h3><p class=note>{_e(r.path)}</p>")
-        out.append(_definitions((str(k), _meta_value(str(k), v)) for k, v in r.meta.items()))
+        out.append(f"<h3>{_e(r.label)}</h3><p class=note>{_e(_where(r.path, page_dir))}</p>")
+        out.append(_definitions((str(k), _unrooted(_meta_value(str(k), v), page_dir)) for k, v in r.meta.items()))
     return "\n".join(out)
 
 
-def render_html(runs: Runs, charts: list | None = None, tuned: pd.DataFrame | None = None, dpi: int = 120) -> str:
+def render_html(runs: Runs, charts: list | None = None, tuned: pd.DataFrame | None = None, dpi: int = 120,
+                page_dir: Path | None = None) -> str:
     """The page for ``runs``: header, machine and ceilings, method, charts, tables, failed points, metadata.
 
     ``charts`` (``plot.Chart``s) defaults to ``plot.charts(runs)`` and ``tuned`` to ``plot.tuned_table(runs)``;
-    tests pass their own. Charts are embedded as PNG data URIs at ``dpi``.
+    tests pass their own. Charts are embedded as PNG data URIs at ``dpi``. Each run's folder is named from
+    ``page_dir``, the page's folder (``run_ref``: no absolute path), or by its name where that is None.
     """
     if charts is None or tuned is None:
         from moebench.report import charts as plot
@@ -337,9 +363,9 @@ def render_html(runs: Runs, charts: list | None = None, tuned: pd.DataFrame | No
     sections["tables"] = _tables(runs, tuned)
     if failed := _failures(runs.rows):
         sections["failures"] = failed
-    sections["metadata"] = _metadata(runs)
+    sections["metadata"] = _metadata(runs, page_dir)
     title = "moebench: " + (", ".join(r.label for r in runs.runs) or "no runs")
-    body = "\n".join([_header(runs), _nav(list(sections)), *(_section(s, b) for s, b in sections.items())])
+    body = "\n".join([_header(runs, page_dir), _nav(list(sections)), *(_section(s, b) for s, b in sections.items())])
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{_e(title)}</title>\n<style>{_CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
@@ -348,5 +374,5 @@ def render_html(runs: Runs, charts: list | None = None, tuned: pd.DataFrame | No
 def write_html(runs: Runs, path: Path, **kw) -> Path:
     """Write ``render_html(runs, **kw)`` to ``path`` through a temp file beside it, renamed; returns ``path``."""
     path = Path(path)
-    write_text_atomic(path, render_html(runs, **kw))
+    write_text_atomic(path, render_html(runs, page_dir=path.parent, **kw))
     return path

@@ -165,11 +165,15 @@ def load(paths: list[Path] | tuple[Path, ...]) -> Runs:
     """Every run under ``paths`` (run folders, or folders of run folders), in the order given.
 
     A run with no rows (an empty rows.jsonl; a tune's choice in best.json counts as a row) gets a warning;
-    runs that together hold none are a UserError: every command that reads runs needs rows to read.
+    runs that together hold none are a UserError: every command that reads runs needs rows to read. So is a run
+    named twice (itself and the folder it is in, say): its rows would count twice.
     """
-    runs, warnings = [], []
+    runs, warnings, seen = [], [], {}  # seen: each run folder, resolved -> as named
     for p in paths:
         for folder in run_folders(Path(p)):
+            if (same := seen.setdefault(folder.resolve(), folder)) is not folder:
+                twice = "named twice" if same == folder else f"named twice ({same} and {folder})"
+                raise UserError(f"run {folder} is {twice}: its rows would count twice")
             run, w = load_one(folder)
             runs.append(run)
             warnings += w

@@ -24,6 +24,13 @@ def _label(run: Run) -> str:
     return f"{m.get('model')} {m.get('dtype')}, {mode}"
 
 
+def _count(replayed: int, requested) -> str:
+    """The requests a trace replayed, and those asked for where it stopped short of them."""
+    if requested in (None, replayed):
+        return f"{replayed} requests"
+    return f"{replayed} of {requested} requests replayed"
+
+
 def trace_chart(runs: Runs) -> tuple[str, Figure] | None:
     """The title and figure of the ``compiles`` chart of the GPU trace runs in ``runs``, or None where there is
     none (``charts.charts`` names it)."""
@@ -35,8 +42,10 @@ def trace_chart(runs: Runs) -> tuple[str, Figure] | None:
     fig = Figure(figsize=(10, 4.6), layout="constrained")
     top, bottom = fig.subfigures(2, 1, height_ratios=[4.0, 0.6])
     left, right = top.subplots(1, 2)
+    replayed = {}  # run label -> its requests replayed (rows), which a stopped trace has fewer of than asked
     for run in traces:
         req = requests_table(run.rows.to_dict("records")).sort_values("i")
+        replayed[run.label] = len(req)
         compiled = req["compiles"].fillna(0).astype(int).cumsum()
         line, = left.step(req["i"], compiled, where="post", label=_label(run))
         excess = req["excess_ms"].clip(lower=1e-3)
@@ -55,8 +64,8 @@ def trace_chart(runs: Runs) -> tuple[str, Figure] | None:
     top.suptitle(title, fontsize=11)
     where = Runs(tuple(traces))
     lines = [f"Measured on {where.machine_line()}",
-             "Traces: " + "; ".join(f"{r.label}: {r.meta.get('requests')} requests, {r.meta.get('distribution')}"
-                                    for r in traces)]
+             "Traces: " + "; ".join(f"{r.label}: {_count(replayed[r.label], r.meta.get('requests'))}, "
+                                    f"{r.meta.get('distribution')}" for r in traces)]
     text = "\n".join(w for line in lines for w in textwrap.wrap(line, 180, subsequent_indent="  "))
     bottom.text(0.01, 0.9, text, fontsize=CAPTION_PT, color="0.25", ha="left", va="top")
     return title, fig

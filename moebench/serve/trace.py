@@ -242,14 +242,19 @@ class TraceRequest:
 
 
 def check_request(request: TraceRequest) -> None:
-    """UserError where the triton path cannot run the request's shape and dtype here (before anything runs)."""
+    """UserError where the triton path cannot run the request's shape and dtype here, or the table it would read
+    its configs from is not one (before anything runs)."""
+    from moebench.environment import device_name
     from moebench.paths.base import Target
     from moebench.paths.triton_path import TritonPath
     from moebench.problem import Problem, check_fits
+    from moebench.tables import lookup
 
-    if reason := TritonPath().supports(Problem(request.shape, 1, request.dtype), Target.current()):
+    if reason := TritonPath().supports(Problem(request.shape, 1, request.dtype, seed=request.seed), Target.current()):
         raise UserError(f"the triton path cannot run {request.shape.name} {request.dtype} here: {reason}")
     check_fits([Problem(request.shape, max(request.counts), request.dtype)], Target.current().device, reference=False)
+    shape = request.shape
+    lookup.find_table(shape.experts, shape.intermediate, device_name(), request.dtype, request.configs_dir)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,11 @@ def naming(path: Path, *also: Path) -> Iterator[None]:
         yield
     except OSError as e:
         if e.filename is None or str(e.filename) in {str(p) for p in also}:
-            e.filename, e.filename2 = str(path), None
+            if e.errno is None:  # no errno to build one from: named in place
+                e.filename = str(path)
+                raise
+            # a new one: ``e.filename2 = None`` would read "-> None" in its message
+            raise type(e)(e.errno, e.strerror, str(path)) from e
         raise
 
 
@@ -74,6 +78,26 @@ def write_text_atomic(path: Path, text: str) -> None:
 def write_json_atomic(path: Path, obj) -> None:
     """``obj`` as indented JSON, written atomically (``write_text_atomic``)."""
     write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def overwrite_in_place(path: Path, text: str) -> bool:
+    """Overwrite ``path`` in place with ``text`` where the file is at least as long: its own blocks take it, so
+    it fits where a full disk refuses a temporary file. Not atomic (a stop mid-write tears it): the last resort
+    when ``write_text_atomic`` fails for space. False, and the file untouched, where ``text`` is longer; an
+    OSError names ``path``."""
+    path, data = Path(path), memoryview(text.encode("utf-8"))
+    with naming(path):
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            if len(data) > os.fstat(fd).st_size:
+                return False
+            at = 0
+            while at < len(data):
+                at += os.pwrite(fd, data[at:], at)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+    return True
 
 
 def write_files_atomic(texts: Mapping[Path, str]) -> None:

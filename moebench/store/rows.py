@@ -1,4 +1,4 @@
-"""One result row: the schema of a run's ``rows.jsonl``, declared once.
+"""One result row: the schema of a run's ``rows.jsonl``, declared once; and the types of meta.json's keys.
 
 A ``Row`` is one benchmark point run on one path with one tile config: what was
 run (the problem, the path, the config), what happened (status, the check
@@ -150,4 +150,35 @@ def check_row(record: dict) -> str | None:
             return f"field {name!r} is {_type_name(value)} {value!r:.40}, expected {expected}"
         if name in _CHOICES and value not in _CHOICES[name]:
             return f"field {name!r} is {value!r:.40}, expected one of {', '.join(_CHOICES[name])}"
+    return None
+
+
+# ---- a run's meta.json read back ----------------------------------------------------------------------
+
+# The keys of meta.json that readers use, with the JSON types each may hold (None: may be null); other keys are
+# let through. ``ceilings`` maps names to numbers (or null: not measured).
+_META_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
+    "schema_version": ((int,), True), "status": ((str,), True), "kind": ((str,), True),
+    "interpreter": ((bool,), True), "tune": ((bool,), True), "ceilings": ((dict,), True),
+    "pid": ((int,), True), "requests": ((int,), True), "startup_runs": ((int,), True),
+    "resumed": ((list,), False), "summary": ((dict,), True), "tuning": ((dict,), True),
+    "wall_s": ((int, float), True), "wall_s_by_start": ((list,), False),
+    **{k: ((str,), True) for k in ("git_commit", "timing_method", "count_method", "sweep", "started", "finished",
+                                   "device_name", "gpu_name", "triton", "torch", "host", "distribution", "error",
+                                   "stopped_by")},
+}
+
+
+def check_meta(meta: dict) -> str | None:
+    """What makes ``meta`` (a run's meta.json) unreadable to the reports, naming the key; None where nothing."""
+    for key, (types, nullable) in _META_TYPES.items():
+        value = meta.get(key)
+        if key not in meta or (value is None and nullable):
+            continue
+        if value is None or not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            expected = " or ".join(dict.fromkeys(_type_name(t()) for t in types))
+            return f"key {key!r} is {_type_name(value)} {value!r:.40}, expected {expected}"
+    for name, value in (meta.get("ceilings") or {}).items():
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            return f"ceilings[{name!r}] is {_type_name(value)} {value!r:.40}, expected a number"
     return None

@@ -12,6 +12,7 @@ and the signals that stop a run, are ``store.resume``'s.
 
 from __future__ import annotations
 
+import calendar
 import errno
 import gzip
 import json
@@ -25,8 +26,8 @@ from pathlib import Path
 import pandas as pd
 
 from moebench.errors import UserError, one_line
-from moebench.store.atomic import AppendLines, write_json_atomic
-from moebench.store.rows import Row, check_row
+from moebench.store.atomic import AppendLines, overwrite_in_place, write_json_atomic, write_text_atomic
+from moebench.store.rows import Row, check_meta, check_row
 
 SCHEMA_VERSION = 1
 META_FILE = "meta.json"
@@ -81,6 +82,9 @@ def _clean(value):
 
 # Keys of the previous stop that a reopened run drops from meta.json (its ``resumed`` record keeps them).
 _STOP_KEYS = ("finished", "stopped_by", "error")
+# meta.json's wall times: the run's over all its starts, and each start's (a start killed before it could record
+# its end counts from its start to the last write in the folder).
+WALL, WALL_BY_START = "wall_s", "wall_s_by_start"
 # Keys that differ from one start to the next by nature: not listed as changed when a run is resumed.
 _PER_START = ("started", "status", "pid", "host")
 
@@ -99,6 +103,8 @@ class RunWriter:
 
     ``columns``: those every appended row must carry; a sweep's or tune's rows are ``ROW_COLUMNS`` (the
     benchmark row), a trace's its requests' columns.
+
+    The end records the wall time (``WALL``): this start's and the earlier ones' summed, each in ``WALL_BY_START``.
     """
 
     def __init__(self, run_dir: Path, meta: dict, resume: bool = False, columns: tuple[str, ...] = ROW_COLUMNS):
@@ -108,18 +114,21 @@ class RunWriter:
         self.warnings: list[str] = []
         self.resumed: dict | None = None  # the record of this reopening; None for a new folder
         self.count = 0  # rows appended by this writer
+        self._opened = time.monotonic()
+        self._earlier: list[float] = []  # the wall time of each earlier start of a reopened folder
         process = {"pid": os.getpid(), "host": platform.node()}
         if resume:
             self.meta = self._reopen(meta, process)
         else:
             self.run_dir.mkdir(parents=True, exist_ok=False)
             self.meta = {"schema_version": SCHEMA_VERSION, "status": "running", **meta, **process}
-        write_json_atomic(self.run_dir / META_FILE, self.meta)
+        write_text_atomic(self.run_dir / META_FILE, _running(self.meta))
         self._rows = AppendLines(self.run_dir / ROWS_FILE)
 
     def _reopen(self, meta: dict, process: dict) -> dict:
         old = read_meta(self.run_dir / META_FILE)
         rows_path = self.run_dir / ROWS_FILE
+        self._earlier = _earlier_walls(old, rows_path)  # before a cut changes the rows' time of last write
         torn = _cut_torn_row(rows_path)
         if torn:
             self.warnings.append(torn)
@@ -141,7 +150,8 @@ class RunWriter:
             record["warnings"] = list(self.warnings)
         self.resumed = record
         kept_meta = {k: v for k, v in old.items() if k not in _STOP_KEYS}
-        return {**kept_meta, "status": "running", **process, "resumed": [*old.get("resumed", []), record]}
+        walls = {WALL: round(sum(self._earlier), 1), WALL_BY_START: self._earlier}  # kept should this start be killed
+        return {**kept_meta, "status": "running", **process, "resumed": [*old.get("resumed", []), record], **walls}
 
     def append(self, row: dict) -> None:
         missing = [c for c in self.columns if c not in row]
@@ -154,17 +164,30 @@ class RunWriter:
     def note(self, **entries) -> None:
         """Record ``entries`` in meta.json now, while the run goes on: they are there even if it is killed."""
         self.meta.update(entries)
-        write_json_atomic(self.run_dir / META_FILE, self.meta)
+        write_text_atomic(self.run_dir / META_FILE, _running(self.meta))
 
-    def finish(self, status: str = "complete", **extra) -> None:
+    def finish(self, status: str = "complete", wall_s: float | None = None, **extra) -> None:
+        """Record the end: ``status``, the time, the wall times (``wall_s``: this start's, where the caller
+        measures it; else since the writer opened the folder) and ``extra``. Where a full disk refuses meta.json's
+        temporary file, the end is written over meta.json in place (``_end_in_place``), into the room a running
+        run's meta.json keeps (``RESERVE``)."""
         self._rows.close()
-        self.meta.update(status=status, finished=_now(), **extra)
-        write_json_atomic(self.run_dir / META_FILE, self.meta)
+        this = round(time.monotonic() - self._opened if wall_s is None else wall_s, 1)
+        starts = [*self._earlier, this]
+        before = dict(self.meta)
+        self.meta.update(status=status, finished=_now(), **{WALL: round(sum(starts), 1), WALL_BY_START: starts},
+                         **extra)
+        path = self.run_dir / META_FILE
+        try:
+            write_json_atomic(path, self.meta)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not _end_in_place(path, before, self.meta):
+                raise
 
     def end(self, stopped: BaseException | None = None, **extra) -> None:
-        """Finish with the status that what stopped the run gives: nothing, "complete"; Ctrl-C or SIGTERM
-        (a KeyboardInterrupt), "interrupted" with ``stopped_by`` (the signal's name); any other exception,
-        "failed" with ``error`` (one line), where meta.json can still be written after an OSError."""
+        """Finish (``finish``) with the status that what stopped the run gives: nothing, "complete"; Ctrl-C or
+        SIGTERM (a KeyboardInterrupt), "interrupted" with ``stopped_by`` (the signal's name); any other
+        exception, "failed" with ``error`` (one line), where meta.json can still be written after an OSError."""
         if stopped is None:
             self.finish("complete", **extra)
         elif isinstance(stopped, KeyboardInterrupt):
@@ -176,6 +199,49 @@ class RunWriter:
                 if not isinstance(stopped, OSError):
                     raise
                 # meta.json cannot take the failure either (a full disk): the first error is the one to tell
+
+
+def _earlier_walls(old: dict, rows_path: Path) -> list[float]:
+    """The wall time of each start of a folder being reopened (``old``: its meta.json). A start that recorded no
+    end (killed) counts from its start to the last write of its rows, or 0 where that cannot be told."""
+    walls = [w for w in old.get(WALL_BY_START, []) if isinstance(w, (int, float)) and not isinstance(w, bool)]
+    if not walls and isinstance(old.get(WALL), (int, float)):
+        walls = [old[WALL]]  # a folder written before each start's time was kept: its one total
+    starts = 1 + len(old.get("resumed", []))
+    if len(walls) >= starts:
+        return walls[:starts]
+    began = old["resumed"][-1].get("at") if old.get("resumed") else old.get("started")
+    try:
+        last = max(p.stat().st_mtime for p in (rows_path, rows_path.parent / META_FILE) if p.exists())
+        lost = max(0.0, round(last - calendar.timegm(time.strptime(str(began), "%Y-%m-%dT%H:%M:%SZ")), 1))
+    except (ValueError, OSError):
+        lost = 0.0
+    return [*walls, *[0.0] * (starts - 1 - len(walls)), lost]
+
+
+# Trailing spaces a running run's meta.json carries (JSON allows them): room for its end on a full disk.
+RESERVE = 1024
+
+
+def _running(meta: dict) -> str:
+    return json.dumps(meta, indent=2) + " " * RESERVE + "\n"
+
+
+def _end_in_place(path: Path, before: dict, meta: dict) -> bool:
+    """Write a run's end (``meta``) over its meta.json (``before``: what it held) in place, where a full disk
+    leaves no room for a new file: compact JSON, no longer than the file. Where the whole end does not fit, only
+    its status, time and reason are added (they fit the ``RESERVE``: a reason is one line of at most 300
+    characters). False where even that does not fit (a meta.json written by another writer)."""
+    size = path.stat().st_size
+    essential = {**before, **{k: meta[k] for k in ("status", "finished", *_STOP_KEYS) if k in meta}}
+    for text in (_compact(meta), _compact(essential)):
+        if len(text.encode("utf-8")) <= size:
+            return overwrite_in_place(path, text)
+    return False
+
+
+def _compact(meta: dict) -> str:
+    return json.dumps(meta, separators=(",", ":")) + "\n"
 
 
 # ---- a torn last row -----------------------------------------------------------------------------------
@@ -209,13 +275,16 @@ def _cut_torn_row(rows_path: Path) -> str | None:
 # ---- reading -------------------------------------------------------------------------------------------
 
 def read_meta(meta_path: Path) -> dict:
-    """A run folder's meta.json as a dict; UserError where it is not a JSON object."""
+    """A run folder's meta.json as a dict; UserError where it is not a JSON object or a key readers use has the
+    wrong type (``rows.check_meta``)."""
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{meta_path}: not JSON ({e})") from None
     if not isinstance(meta, dict):
         raise UserError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
+    if why := check_meta(meta):
+        raise UserError(f"{meta_path}: {why}")
     return meta
 
 
@@ -308,6 +377,16 @@ def status_warning(meta: dict, where: str, rows: int) -> str | None:
     why = {"interrupted": f" by {meta.get('stopped_by')}" if meta.get("stopped_by") else "",
            "failed": f" ({meta.get('error')})" if meta.get("error") else ""}.get(status, "")
     return f"run {where}: {status}{why} (rows {'so far' if status == 'running' else 'kept'}: {rows})"
+
+
+def run_ref(run_dir: Path | str, folder: Path | str) -> str:
+    """``run_dir`` as a file kept in ``folder`` names it (an export's ``source_run``, the page's runs): the path
+    from ``folder`` where the two share a folder below the root, else the run folder's name; never absolute,
+    so a committed file carries no machine's paths."""
+    run, base = Path(run_dir).resolve(), Path(folder).resolve()
+    if os.path.commonpath([run, base]) == run.anchor:
+        return run.name
+    return Path(os.path.relpath(run, base)).as_posix()
 
 
 # ---- a run's status ------------------------------------------------------------------------------------

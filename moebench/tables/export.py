@@ -1,6 +1,7 @@
 """``export-configs``: a run's best tile config per M, written where an engine (or moebench) reads it, with provenance.
 
-rows -> pick.timed_rows(format's PATH) -> pick.best_of -> format's folder, file_name, file_text -> files + sidecar
+rows -> pick.timed_rows(format's PATH) -> pick.best_of -> format's folder, file_name (``plan_export``)
+     -> format's file_text -> files + sidecar (``write_export``)
 
 The layout names a format module (``moebench.tables.formats.FORMATS``): "vllm" and "sglang" take the rows of path
 ``triton-classic`` (the engines' kernel form, the only timings that say which of their configs is fastest) and
@@ -8,10 +9,10 @@ write the engines' files; "moebench" takes the rows of path ``triton`` (moebench
 own tables with every tile field. A tune's "final" re-timings pick the config where an M has them.
 
 What the engines' files cannot hold (device, Triton and torch versions, date, kernel form, commit, source
-run, the M keys) goes in a sidecar, ``moebench-export.json`` in the output folder, one entry per written
-file keyed by its path under that folder, merged into the sidecar already there. Every file is placed
-and checked before the first is written; then all are written as one (``store.atomic.write_files_atomic``):
-where one fails, none is left new.
+run, the M keys, the time each entry was picked with) goes in a sidecar, ``moebench-export.json`` in the output
+folder, one entry per written file keyed by its path under that folder, merged into the sidecar already there.
+Every file is placed and checked before the first is written; then all are written as one
+(``store.atomic.write_files_atomic``): where one fails, none is left new.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pandas as pd
 
 from moebench.errors import UserError
 from moebench.store.atomic import write_files_atomic
+from moebench.store.runfolder import run_ref
 from moebench.tables.formats import FORMATS, get_format
 from moebench.tables.pick import TABLE_KEY, best_of, flag, table_key, timed_rows
 from moebench.tables.table import ConfigTable, Provenance
@@ -81,11 +83,10 @@ def _shape(rows: pd.DataFrame, key: tuple) -> dict:
             "topk": _one_or_list(rows["topk"])}
 
 
-def _place(fmt: ModuleType, best: Mapping[tuple, ConfigTable], folder: Path, per_table: Mapping[tuple, pd.DataFrame],
-           made: Provenance) -> dict[Path, tuple[tuple, str]]:
-    """Where each table goes and its text, nothing written: {path: (table key, text)}. Two tables that map to
-    one file name (e.g. fp8-tensor and fp8-channel in vLLM's naming) are a UserError."""
-    files: dict[Path, tuple[tuple, str]] = {}
+def _place(fmt: ModuleType, best: Mapping[tuple, ConfigTable], folder: Path) -> dict[Path, tuple[tuple, ConfigTable]]:
+    """Where each table goes, nothing written: {path: (table key, table)}. Two tables that map to one file name
+    (e.g. fp8-tensor and fp8-channel in vLLM's naming) are a UserError."""
+    files: dict[Path, tuple[tuple, ConfigTable]] = {}
     for key, table in best.items():
         experts, n, dtype, device = key
         path = folder / fmt.file_name(experts, n, device, dtype)
@@ -94,19 +95,42 @@ def _place(fmt: ModuleType, best: Mapping[tuple, ConfigTable], folder: Path, per
                 f"{files[path][0][2]} and {dtype} tables (E={experts}, N={n}, {device}) "
                 f"both map to {path.name}; export them one at a time"
             )
-        files[path] = (key, fmt.file_text(key, table, _shape(per_table[key], key), made))
+        files[path] = (key, table)
     return files
 
 
 def _entry(layout: str, path: str, key: tuple, at: pd.DataFrame, table: ConfigTable, made: Provenance,
            engine_triton: str | None) -> dict:
-    """The sidecar's entry for one written file: what was tuned, on what, from which rows."""
+    """The sidecar's entry for one written file: what was tuned, on what, from which rows, and the time each
+    entry was tuned with."""
     final = at["phase"].eq("final") if "phase" in at.columns else pd.Series(False, index=at.index)
     return {
         "layout": layout, "kernel": path, "device_name": key[3], "dtype": key[2], "shape": _shape(at, key),
         "models": sorted({str(m) for m in at["model"].dropna()}), **asdict(made), "engine_triton": engine_triton,
-        "M": list(table), "final_M": sorted({int(m) for m in at.loc[final, "M"]}),
+        "M": list(table), "final_M": sorted({int(m) for m in at.loc[final, "M"]}), "times": tuned_times(at, table),
     }
+
+
+def tuned_times(at: pd.DataFrame, table: ConfigTable) -> dict[str, dict]:
+    """Per M (a string, as in the files), the time the table's config was picked with: its fastest row there
+    (``time_us``, ``p20_us``, ``p80_us``). Empty where the rows span several problems (hidden sizes, top-k,
+    routings), whose raw times do not compare with one re-timing."""
+    if any(c in at.columns and at[c].nunique(dropna=True) > 1 for c in ("hidden", "topk", "routing")):
+        return {}
+    out = {}
+    keys = at["_tile"].map(lambda t: t.key())
+    for m, cfg in table.items():
+        rows = at[(at["M"] == m) & keys.map(cfg.key().__eq__).astype(bool)]
+        if rows.empty:
+            continue
+        best = rows.loc[rows["time_us"].astype(float).idxmin()]
+        out[str(m)] = {k: _num(best.get(c)) for k, c in
+                       (("time_us", "time_us"), ("p20_us", "time_p20_us"), ("p80_us", "time_p80_us"))}
+    return out
+
+
+def _num(v) -> float | None:
+    return None if v is None or pd.isna(v) else float(v)
 
 
 def _untimed(df: pd.DataFrame, path: str, found: Mapping[tuple, ConfigTable]) -> list[str]:
@@ -122,7 +146,7 @@ def _untimed(df: pd.DataFrame, path: str, found: Mapping[tuple, ConfigTable]) ->
     return out
 
 
-def _read_sidecar(path: Path) -> dict:
+def read_sidecar(path: Path) -> dict:
     """The sidecar already in the output folder, or a fresh one; one this moebench cannot merge is a UserError."""
     if not path.exists():
         return {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "files": {}}
@@ -137,13 +161,28 @@ def _read_sidecar(path: Path) -> dict:
     return raw
 
 
-def export_run(meta: Mapping, df: pd.DataFrame, out_dir: Path, layout: str = "vllm",
-               engine_triton: str | None = None, source_run: str | None = None) -> Export:
-    """Write the best config per (E, N, dtype, device) and M of a run (``meta``, ``df`` as ``load_run``
-    returns them) in ``layout`` (a name in ``FORMATS``) under ``out_dir``, and the sidecar. ``engine_triton``
-    (sglang only): the Triton the SGLang server runs, which names its folder (default the format's
-    ``ENGINE_TRITON``). ``source_run``: the run folder, for provenance. Bad input is a UserError before anything
-    is written."""
+@dataclass
+class Planned:
+    """An export placed and checked, nothing written: each file's table (``tables``: path -> (key, table)), the
+    rows each table was picked from (``rows``, by key), and what the files and the sidecar record. A caller may
+    change a table (``--merge-with``) before ``write_export``."""
+
+    fmt: ModuleType
+    layout: str
+    out_dir: Path
+    made: Provenance
+    engine_triton: str | None
+    tables: dict[Path, tuple[tuple, ConfigTable]]
+    rows: dict[tuple, pd.DataFrame]
+    warnings: tuple[str, ...] = ()
+
+
+def plan_export(meta: Mapping, df: pd.DataFrame, out_dir: Path, layout: str = "vllm",
+                engine_triton: str | None = None, source_run: str | None = None) -> Planned:
+    """The best config per (E, N, dtype, device) and M of a run (``meta``, ``df`` as ``load_run`` returns them),
+    placed in ``layout`` (a name in ``FORMATS``) under ``out_dir``; nothing written. ``engine_triton`` (sglang
+    only): the Triton the SGLang server runs, which names its folder (default the format's ``ENGINE_TRITON``).
+    ``source_run``: the run folder, recorded as ``out_dir`` reaches it (``run_ref``). Bad input is a UserError."""
     fmt = get_format(layout)
     engine_triton = _engine_triton(fmt, engine_triton)
     out_dir = Path(out_dir)
@@ -158,18 +197,35 @@ def export_run(meta: Mapping, df: pd.DataFrame, out_dir: Path, layout: str = "vl
     if not best:
         raise UserError(f"{run} has no correct, timed {fmt.PATH} rows for --layout {layout}: {fmt.HINT}")
     per_table = {key: rows[rows["_table"].map(key.__eq__).astype(bool)] for key in best}
+    read_sidecar(out_dir / SIDECAR)  # one this moebench cannot update stops the export here
     made = Provenance(triton_version=meta.get("triton"), torch_version=meta.get("torch"),
                       created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), commit=meta.get("git_commit"),
-                      source_run=source_run)
-    files = _place(fmt, best, folder, per_table, made)
+                      source_run=None if source_run is None else run_ref(source_run, out_dir))
+    return Planned(fmt, layout, out_dir, made, engine_triton, _place(fmt, best, folder), per_table,
+                   tuple(_untimed(df, fmt.PATH, best)))
+
+
+def write_export(plan: Planned, extra: Mapping[Path, dict] | None = None) -> Export:
+    """Write ``plan``'s tables and the sidecar as one (``extra``: more fields for a file's sidecar entry)."""
+    fmt, out_dir = plan.fmt, plan.out_dir
     sidecar_path = out_dir / SIDECAR
-    sidecar = _read_sidecar(sidecar_path)
-    for file, (key, _) in files.items():
-        sidecar["files"][file.relative_to(out_dir).as_posix()] = _entry(
-            layout, fmt.PATH, key, per_table[key], best[key], made, engine_triton)
+    sidecar = read_sidecar(sidecar_path)
+    texts = {}
+    for file, (key, table) in plan.tables.items():
+        at = plan.rows[key]
+        texts[file] = fmt.file_text(key, table, _shape(at, key), plan.made)
+        sidecar["files"][file.relative_to(out_dir).as_posix()] = {
+            **_entry(plan.layout, fmt.PATH, key, at, table, plan.made, plan.engine_triton),
+            **(extra or {}).get(file, {})}
     sidecar["files"] = dict(sorted(sidecar["files"].items()))
     # the tables and their sidecar as one: an engine never finds a table whose export failed
-    write_files_atomic({**{file: text for file, (_, text) in files.items()},
-                        sidecar_path: json.dumps(sidecar, indent=2) + "\n"})
+    write_files_atomic({**texts, sidecar_path: json.dumps(sidecar, indent=2) + "\n"})
     env_line = f"export {fmt.ENV_VAR}={shlex.quote(str(out_dir.resolve()))}" if fmt.ENV_VAR else None
-    return Export(files=(*files, sidecar_path), env_line=env_line, warnings=tuple(_untimed(df, fmt.PATH, best)))
+    return Export(files=(*plan.tables, sidecar_path), env_line=env_line, warnings=plan.warnings)
+
+
+def export_run(meta: Mapping, df: pd.DataFrame, out_dir: Path, layout: str = "vllm",
+               engine_triton: str | None = None, source_run: str | None = None) -> Export:
+    """Write the best config per (E, N, dtype, device) and M of a run in ``layout`` under ``out_dir``, and the
+    sidecar (``plan_export``, then ``write_export``). Bad input is a UserError before anything is written."""
+    return write_export(plan_export(meta, df, out_dir, layout, engine_triton, source_run))

@@ -11,7 +11,7 @@ that text (``to_json``, ``from_json``). ``ENGINE_PATH`` names the path whose tim
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +57,7 @@ class ConfigTable(Mapping[int, TileConfig]):
         """The key ``nearest`` reads for M tokens."""
         if not self._entries:
             raise UserError("config table is empty: no tile config for any M")
-        return min(self._entries, key=lambda k: abs(k - m))
+        return nearest_key(self._entries, m)
 
     def to_json(self, triton_version: str | None = None) -> str:
         """The file's text: keys as strings in ascending M, vLLM's six keys in its order, indent 4; with
@@ -118,6 +118,11 @@ def entries_from_json(raw: Mapping, name: str) -> dict[int, TileConfig]:
     if not entries:
         raise UserError(f"{name}: no tile configs in the file")
     return entries
+
+
+def nearest_key(keys: Iterable[int], m: int) -> int:
+    """The engines' nearest-M rule: the key minimizing |key - M|, the first such key in ``keys``' order on a tie."""
+    return min(keys, key=lambda k: abs(k - m))
 
 
 @dataclass(frozen=True)

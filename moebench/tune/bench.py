@@ -54,6 +54,28 @@ class Timed:
         return self.failure is None
 
 
+def timed_row(problem: Problem, path: str, target, t: Timed, *, phase: str | None,
+              source: str | None = None) -> dict:
+    """The run folder's row of one outcome ``t`` of ``problem`` on ``path`` (``target``: where it ran), marked
+    ``phase`` (None: a row as a sweep's) and ``source`` (``config_source``: where the config came from)."""
+    from dataclasses import replace
+
+    from moebench.store.rows import Row
+
+    status = "ok" if t.ok else ("incorrect" if t.failure == "incorrect" else "error")
+    method = None if t.time_us is None else ("interpreter wall clock" if target.interpreter else "graph replay")
+    return replace(Row.for_point(problem, path, target), config=t.config.as_dict(), status=status,
+                   correct=None if t.rel_err is None and not t.ok else t.failure != "incorrect", rel_err=t.rel_err,
+                   time_us=t.time_us, time_p20_us=t.p20_us, time_p80_us=t.p80_us, reps=t.reps,
+                   timing_method=method, error=t.error, phase=phase, failure=t.failure,
+                   config_source=source).as_dict()
+
+
+def unique(configs: Iterable[TileConfig]) -> list[TileConfig]:
+    """``configs`` without repeats (by key), in order."""
+    return list({c.key(): c for c in configs}.values())
+
+
 def fastest(timed: Iterable[Timed], n: int = 1) -> list[Timed]:
     """Up to ``n`` of ``timed`` that ran, fastest first."""
     return sorted((t for t in timed if t.ok and t.time_us is not None), key=lambda t: t.time_us)[:n]
@@ -76,12 +98,8 @@ class Bench:
                          phase: str) -> tuple[dict[tuple, Timed], dict[int, list[Timed]]]:
         """``compile`` every config of ``work``, then ``time`` each M's that compiled: (the compile failures by
         config key, the timings by M). A bench may overlap the two; the answers are the same."""
-        failed = self.compile(_unique(c for cs in work.values() for c in cs))
+        failed = self.compile(unique(c for cs in work.values() for c in cs))
         return failed, self.time({M: [c for c in cs if c.key() not in failed] for M, cs in work.items()}, phase)
-
-
-def _unique(configs: Iterable[TileConfig]) -> list[TileConfig]:
-    return list({c.key(): c for c in configs}.values())
 
 
 class Kept:
@@ -148,7 +166,7 @@ class PoolBench(Bench):
         """The configs not compiled yet (a kept first-run failure is taken as it was), by key, in order."""
         m0 = self.ms[0]  # token counts are not specialized: any M compiles the same kernels; the smallest runs fastest
         todo = {}
-        for cfg in _unique(c for c in configs if c.key() not in self.failed):
+        for cfg in unique(c for c in configs if c.key() not in self.failed):
             kept = self.kept.take(m0, cfg, None)
             if kept is not None:
                 self.failed[cfg.key()] = kept

@@ -17,7 +17,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from moebench.dtypes import get_dtype
@@ -30,15 +30,15 @@ from moebench.paths.registry import get_path
 from moebench.problem import Problem, check_fits
 from moebench.store.atomic import write_json_atomic
 from moebench.store.resume import find_resumable, request_key, stop_on_sigterm, stopped_in
-from moebench.store.rows import Row
 from moebench.store.runfolder import RunWriter, ensure_out_dir, new_run_dir
 from moebench.tile import TileConfig
-from moebench.tune.bench import Kept, PoolBench, Timed
+from moebench.tune.bench import Kept, PoolBench, Timed, timed_row
 from moebench.tune.candidates import Candidates
 from moebench.tune.prune import OWN_RULES, OWN_RUNNABLE, RULES, Facts
 from moebench.tune.seeds import known_seeds
 from moebench.tune.space import VLLM_MS, get_space
 from moebench.tune.strategies import DEFAULT, get_strategy
+from moebench.tune.traffic import under_traffic
 from moebench.workers.jobs import BUDGETS
 
 BEST_FILE = "best.json"
@@ -54,9 +54,10 @@ class TuneRequest:
     ms: tuple[int, ...] = VLLM_MS
     strategy: str = DEFAULT
     options: tuple[tuple[str, int], ...] = ()  # the strategy's options given, (name, value)
-    routing: str = "uniform"
+    routing: str = "uniform"  # a routing.ROUTINGS name, or a captured file's (routing.captured)
     seed: int = 0
     prune: bool = True
+    m_weights: tuple[tuple[int, float], ...] = ()  # served batch token counts and their weights (tune.traffic)
 
     @property
     def key(self) -> str:
@@ -72,6 +73,7 @@ class TuneResult:
     best: dict[int, Timed | None]  # per M: the chosen config, re-timed beside the default
     default: dict[int, Timed | None] = field(default_factory=dict)  # per M: the untuned config's
     known: dict[int, Timed | None] = field(default_factory=dict)  # per M: the best known seed's (hand-picked)
+    traffic: dict | None = None  # under --m-weights: the expected time per batch, tuned and default
     check: dict[int, tuple[Timed | None, Timed | None]] = field(default_factory=dict)  # per M: (ours, theirs)
     resumed: dict | None = None
 
@@ -87,13 +89,7 @@ def _options(request: TuneRequest):
 
 
 def _row(request: TuneRequest, target: Target, t: Timed) -> dict:
-    status = "ok" if t.ok else ("incorrect" if t.failure == "incorrect" else "error")
-    row = Row.for_point(request.problem(t.M), request.path, target)
-    method = None if t.time_us is None else ("interpreter wall clock" if target.interpreter else "graph replay")
-    return replace(row, config=t.config.as_dict(), status=status, correct=None if t.rel_err is None and not t.ok
-                   else t.failure != "incorrect", rel_err=t.rel_err, time_us=t.time_us, time_p20_us=t.p20_us,
-                   time_p80_us=t.p80_us, reps=t.reps, timing_method=method, error=t.error, phase=t.phase,
-                   failure=t.failure).as_dict()
+    return timed_row(request.problem(t.M), request.path, target, t, phase=t.phase)
 
 
 def _timed(row: dict) -> Timed:
@@ -199,7 +195,8 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
                 tuning={"path": request.path, "model": request.shape.name, "dtype": request.dtype,
                         "ms": list(problems), "strategy": request.strategy, "options": asdict(ok.options),
                         "prune": request.prune, "space": ok.space.describe(), "space_size": ok.space.size,
-                        "budgets": BUDGETS, "routing": request.routing, "seed": request.seed},
+                        "budgets": BUDGETS, "routing": request.routing, "seed": request.seed,
+                        "limits": asdict(limits)},  # what the rules and seeds read of the device, for replays
                 timing_method="interpreter wall clock" if target.interpreter else "graph replay")
     ensure_out_dir(out_base)
     resumable = None if fresh else find_resumable(out_base, request.key)
@@ -244,6 +241,9 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
             result.best, result.default, result.known = _against_default(
                 bench, path, problems, chosen, {M: t.config for M, t in known.items()})
             result.check = _against_other(bench, chosen, ok.other)
+            result.traffic = under_traffic(dict(request.m_weights), *(
+                {M: t.time_us if t and t.ok else None for M, t in side.items()} for side in (result.best,
+                                                                                             result.default)))
             _write_best(writer.run_dir, request, result)
             missing = _nothing_chosen(chosen, result.best, failed)
             if missing:
@@ -304,11 +304,22 @@ def _other_choices(run_dir: Path, request: TuneRequest) -> dict[int, TileConfig]
         best = json.loads(file.read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"--check-against {run_dir}: no readable {BEST_FILE} ({e})") from None
-    theirs = (best.get("kernel"), best.get("shape", {}).get("name"), best.get("dtype"))
+    try:
+        theirs = (best.get("kernel"), best.get("shape", {}).get("name"), best.get("dtype"))
+        configs = best["configs"].items()
+    except (AttributeError, KeyError, TypeError) as e:
+        raise UserError(f"--check-against {run_dir}: {BEST_FILE} is not a tune's ({type(e).__name__}: {e})") from None
     ours = (request.path, request.shape.name, request.dtype)
     if theirs != ours:
         raise UserError(f"--check-against {run_dir}: it tuned {' '.join(map(str, theirs))}, this {' '.join(ours)}")
-    return {int(M): TileConfig.from_dict(v["config"]) for M, v in best["configs"].items() if v.get("config")}
+    out = {}
+    for M, v in configs:
+        try:
+            if v.get("config"):
+                out[int(M)] = TileConfig.from_dict(v["config"])
+        except (AttributeError, TypeError, ValueError, UserError) as e:
+            raise UserError(f"--check-against {run_dir}: {BEST_FILE} entry {M!r} is not a config ({e})") from None
+    return out
 
 
 def _against_other(bench: PoolBench, chosen: dict, other: dict) -> dict:
@@ -339,4 +350,4 @@ def _write_best(run_dir: Path, request: TuneRequest, result: TuneResult) -> None
                       "other_us": t.time_us if t else None} for M, (o, t) in sorted(result.check.items())}
     write_json_atomic(run_dir / BEST_FILE, {"kernel": request.path, "model": request.shape.name,
                                             "shape": asdict(request.shape), "dtype": request.dtype,
-                                            "configs": table, "check": check})
+                                            "configs": table, "check": check, "traffic": result.traffic})

@@ -16,6 +16,7 @@ from moebench._interpret import interpreting
 from moebench.hardware import DeviceLimits
 from moebench.problem import Problem
 from moebench.tile import TileConfig
+from moebench.tune.bench import unique
 
 HANDPICKED_PATHS = ("triton",)  # the paths whose kernel the hand-picked candidates are written for
 
@@ -29,5 +30,5 @@ def known_seeds(path, problems: Mapping[int, Problem], limits: DeviceLimits) -> 
             from moebench.tune.handpicked import candidates  # loads torch: only when a tune starts
 
             seeds += candidates(problem, limits=limits)
-        out[M] = list({c.key(): c for c in seeds}.values())
+        out[M] = unique(seeds)
     return out

@@ -4,7 +4,8 @@ The engines' files hold six fields and nothing about where they came from; these
 ``TileConfig`` field and their provenance, in a versioned format of our own (``FORMAT``, ``VERSION``):
 
     {"format": "moebench-tiles", "version": 1, "kernel": "triton",
-     "device_name", "triton_version", "torch_version", "created" (UTC), "commit", "source_run",
+     "device_name", "triton_version", "torch_version", "created" (UTC), "commit", "source_run" (from the file's
+     folder, ``runfolder.run_ref``),
      "shape": {"experts", "intermediate", "hidden", "topk"}, "dtype",
      "configs": {"<M>": {every TileConfig field}}}
 

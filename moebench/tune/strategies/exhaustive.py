@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from moebench.tune.bench import Bench, fastest
-from moebench.tune.strategies.ranges import check_ranges
+from moebench.tune.strategies.ranges import MAX_COUNT, check_ranges
 
 if TYPE_CHECKING:  # annotations only: the registry, read by --strategy, loads no torch
     from moebench.tune.candidates import Candidates
@@ -22,7 +22,7 @@ class Options:
     limit: int = 0  # at most this many configs per M, the model's first (0: all); for small checks
 
     def __post_init__(self) -> None:
-        check_ranges("exhaustive", self, {"final": (1, None), "limit": (0, None)})
+        check_ranges("exhaustive", self, {"final": (1, MAX_COUNT), "limit": (0, MAX_COUNT)})
 
 
 def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from moebench.errors import UserError
-from moebench.tune.bench import Bench, fastest
-from moebench.tune.strategies.ranges import check_ranges
+from moebench.tune.bench import Bench, fastest, unique
+from moebench.tune.strategies.ranges import MAX_COUNT, MAX_STEPS, check_ranges
 
 if TYPE_CHECKING:  # annotations only: the registry, read by --strategy, loads no torch
     from moebench.tune.candidates import Candidates
@@ -34,26 +34,26 @@ class Options:
     climbs: int = 5  # climb steps at most
     final: int = 4  # configs per M re-timed at the final budget
     share: int = 1  # 1: every model seed screened at every M; 0: each M screens its own seeds only
-    borrow: int = 1  # per climb step, the fastest configs of each neighbouring M screened at M too
+    borrow: int = 1  # per climb step, the fastest configs (at most lead) of each neighbouring M screened at M too
 
     def __post_init__(self) -> None:
-        check_ranges("fast", self, {"per_shape": (0, None), "top": (0, None), "lead": (1, None),
-                                    "climbs": (0, None), "final": (1, None), "share": (0, 1),
-                                    "borrow": (0, None)})
+        check_ranges("fast", self, {"per_shape": (0, MAX_COUNT), "top": (0, MAX_COUNT), "lead": (1, MAX_COUNT),
+                                    "climbs": (0, MAX_STEPS), "final": (1, MAX_COUNT), "share": (0, 1),
+                                    "borrow": (0, MAX_COUNT)})
         if self.top == 0 and self.per_shape == 0:
             raise UserError("strategy 'fast': options top=0 and per_shape=0 seed nothing (one of them 1 or more)")
 
 
-# Per path, the defaults that differ from ``Options()``. moebench's kernel (``triton``) screens at about 38 ms a
-# config and M on an H200 against a few ms in the engines' form, and has many known seeds per M: each M screens
-# its own seeds, the model's first two and one per tile shape, and climbs twice from its fastest.
+# Per path, the defaults that differ from ``Options()``. moebench's kernel (``triton``) screens at 40-60 ms a
+# config and M on an H200 (docs/tuning.md) and has 16-256 known seeds per M: each M screens its own seeds, the
+# model's first two and one per tile shape, and climbs twice from its fastest (a borrow may be at most ``lead``).
 PATH_DEFAULTS = {"triton": dict(top=2, per_shape=1, lead=1, climbs=2, share=0)}
 
 
 def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
-    model = {M: _unique(_seeds(cands.ranked(M), opts)) for M in bench.ms}
-    shared = _unique(c for M in bench.ms for c in model[M])
-    first = {M: _unique(cands.seeds(M) + (shared if opts.share else model[M])) for M in bench.ms}
+    model = {M: unique(_seeds(cands.ranked(M), opts)) for M in bench.ms}
+    shared = unique(c for M in bench.ms for c in model[M])
+    first = {M: unique(cands.seeds(M) + (shared if opts.share else model[M])) for M in bench.ms}
     timed: dict[int, dict[tuple, object]] = {M: {} for M in bench.ms}  # M -> config key -> its screen
     failed: dict[tuple, object] = {}
 
@@ -84,10 +84,6 @@ def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
         leaders = new
     finals = bench.time({M: [t.config for t in fastest(timed[M].values(), opts.final)] for M in bench.ms}, "final")
     return {M: (best[0].config if (best := fastest(ts)) else None) for M, ts in finals.items()}
-
-
-def _unique(configs) -> list:
-    return list({c.key(): c for c in configs}.values())
 
 
 def _neighbours(M: int, ms: tuple[int, ...]) -> list[int]:

@@ -7,6 +7,9 @@ from dataclasses import fields
 
 from moebench.errors import UserError
 
+MAX_COUNT = 10_000  # configs per M an option may name: more than any pruned space holds (2,400 engine configs)
+MAX_STEPS = 100  # climb steps: a climb ends long before, when no leader moves
+
 
 def check_ranges(strategy: str, opts, ranges: dict[str, tuple[int, int | None]]) -> None:
     """Each field of ``opts`` within its (low, high) in ``ranges`` (high None: no upper end); every field has one."""
