@@ -66,7 +66,8 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     is run again: the rows it has are kept, the rest are run.
     """
     from moebench._interpret import interpreting
-    from moebench.bench.spec import default_spec_file, for_interpreter, from_options, interpreter_size_warning
+    from moebench.bench.interpreter import for_interpreter, interpreter_size_warning
+    from moebench.bench.spec import default_spec_file, from_options
     from moebench.bench.sweep import run_sweep, validate
     from moebench.paths.base import Target
     from moebench.store.resume import stop_on_sigterm
