@@ -224,9 +224,11 @@ def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_o
             a, xs = _a_block128(a_ptrs, x_scale_ptr, tok, k, row_ok, k_ok, stride_xsm, stride_xsk,
                                 w_ptr.dtype.element_ty, EVEN_K, SWAP_AB, X_QUANT, ROUND_FIRST)  # xs [BM]
             ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
-            one = EVEN_N and BLOCK_N <= SCALE_N
-            g_scale = _block_scale(xs, ws, n_first, offs_n, n_ok, stride_wsn, one, SWAP_AB, SCALE_N)
-            u_scale = _block_scale(xs, ws, N + n_first, N + offs_n, n_ok, stride_wsn, one, SWAP_AB, SCALE_N)
+            # one block per tile: passed as an expression, which stays a constexpr (a local does not)
+            g_scale = _block_scale(xs, ws, n_first, offs_n, n_ok, stride_wsn, EVEN_N and BLOCK_N <= SCALE_N, SWAP_AB,
+                                   SCALE_N)
+            u_scale = _block_scale(xs, ws, N + n_first, N + offs_n, n_ok, stride_wsn, EVEN_N and BLOCK_N <= SCALE_N,
+                                   SWAP_AB, SCALE_N)
             acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * g_scale
             acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * u_scale
         else:
