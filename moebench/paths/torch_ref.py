@@ -71,6 +71,7 @@ class TorchReferencePath:
 
     def prepare(self, inputs: MoEInputs, problem: Problem, config: TileConfig | None):
         def run(out: torch.Tensor) -> None:
-            out.copy_(moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids))
+            out.copy_(moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids,
+                                    expert_map=inputs.expert_map))
 
         return run
