@@ -46,11 +46,14 @@ SPEC_KEYS = {
     "seed": "int",
     "tp": "tensor-parallel degree (divides intermediate)",
     "ep": "expert-parallel degree (divides experts)",
+    "ep_map": "true: run ep's rank 0 through an expert_map (the whole batch, top-k over all experts)",
     "tune": "try the tile-config candidates of moebench.tune.handpicked for tunable paths (one row each)",
     "runs": "a list of blocks, each a mapping of block keys that override the top level's",
 }
+DEFAULT_PATHS = ("triton", "cutlass")  # a block's paths where it names none
+EP_MAP_PATHS = ("triton",)  # ... under ep_map: the default ones that take an expert_map
 # Keys that describe one block of the plan (a product of shapes x dtypes x M x paths).
-BLOCK_KEYS = ("models", "hf_configs", "shapes", "m", "topk", "dtypes", "paths", "tp", "ep")
+BLOCK_KEYS = ("models", "hf_configs", "shapes", "m", "topk", "dtypes", "paths", "tp", "ep", "ep_map")
 SHAPE_KEYS = ("name", "experts", "hidden", "intermediate", "topk", "moe_layers")
 # A sweep's name ends its run folder's name: a letter, digit or "_" first (no "..", no hidden folder), then those,
 # spaces and ". @ + = , -"; no "/" or "\\", so the folder stays inside --out.
@@ -181,8 +184,8 @@ def _with_topk(shapes: list[MoEShape], topks: tuple[int, ...]) -> list[MoEShape]
     out = []
     for s in shapes:
         for k in topks:
-            if k <= 0 or k > s.experts:
-                raise UserError(f"{s.name}: top-k {k} impossible with {s.experts} experts")
+            if k <= 0 or k > s.routed_experts:
+                raise UserError(f"{s.name}: top-k {k} impossible with {s.routed_experts} experts")
             out.append(s if k == s.topk else replace(s, topk=k, name=f"{s.name}-top{k}"))
     return out
 
@@ -194,14 +197,16 @@ def build_block(
     ms: tuple[int, ...] = (),
     topks: tuple[int, ...] = (),
     dtypes: tuple[str, ...] = ("bf16",),
-    paths: tuple[str, ...] = ("triton", "cutlass"),
+    paths: tuple[str, ...] = (),
     tp: int = 1,
     ep: int = 1,
+    ep_map: bool = False,
 ) -> Block:
     base = [get_model(m) for m in models] + [from_hf_config(p) for p in hf_configs] + list(shapes)
     if not base:
         raise UserError("nothing to sweep: give a spec file, --model, --hf-config or an explicit shape")
-    sharded = [shard(s, tp=tp, ep=ep) for s in base]
+    sharded = [shard(s, tp=tp, ep=ep, ep_map=ep_map) for s in base]
+    paths = paths or (EP_MAP_PATHS if ep_map else DEFAULT_PATHS)
     return Block(tuple(_with_topk(sharded, topks)), tuple(ms), tuple(dtypes), tuple(paths))
 
 
@@ -296,9 +301,10 @@ def _block(path: Path, data: dict) -> Block:
         ms=_int_list(data.get("m"), "m"),
         topks=_int_list(data.get("topk"), "topk"),
         dtypes=_str_list(data.get("dtypes"), "dtypes") or ("bf16",),
-        paths=_str_list(data.get("paths"), "paths") or ("triton", "cutlass"),
+        paths=_str_list(data.get("paths"), "paths"),
         tp=_int(data.get("tp", 1), "tp"),
         ep=_int(data.get("ep", 1), "ep"),
+        ep_map=_bool(data.get("ep_map", False), "ep_map"),
     )
 
 
@@ -309,7 +315,7 @@ DEFAULT_MS = ",".join(map(str, GPU_MS))
 
 def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_configs=(), experts=None,
                  hidden=None, intermediate=None, topk=None, ms=None, dtypes=None, paths=None, routing=None,
-                 seed=None, tp=1, ep=1, tune=False) -> SweepSpec:
+                 seed=None, tp=1, ep=1, ep_map=False, tune=False) -> SweepSpec:
     """The plan of `moebench sweep`: a spec file with flags over it, or flags alone, or the default file.
 
     List options arrive as the user typed them (comma lists, possibly repeated).
@@ -322,8 +328,8 @@ def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_co
     if spec_file and flags_given:
         raise UserError("give either a SPEC file or --model/--hf-config/shape flags, not both")
     if spec_file or not flags_given:
-        if tp != 1 or ep != 1:
-            raise UserError("--tp/--ep shard the flags' models; with a SPEC file set tp/ep in the file")
+        if tp != 1 or ep != 1 or ep_map:
+            raise UserError("--tp/--ep/--ep-map shard the flags' models; with a SPEC file set tp/ep/ep_map in the file")
         return override(
             load_spec(find_spec(spec_file) if spec_file else default_file),
             ms=_int_list(ms, "--m") if ms else None,
@@ -349,10 +355,11 @@ def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_co
         ms=_int_list(ms or DEFAULT_MS, "--m"),
         topks=topks,
         dtypes=_str_list(dtypes, "--dtype") or ("bf16",),
-        paths=_str_list(paths, "--path") or ("triton", "cutlass"),
+        paths=_str_list(paths, "--path"),
         routing=routing or "uniform",
         seed=seed or 0,
         tp=tp,
         ep=ep,
+        ep_map=ep_map,
         tune=tune,
     )
