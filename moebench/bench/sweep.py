@@ -134,8 +134,8 @@ def run_config(point: PlannedPoint, path: MoEPath, inputs: MoEInputs, ref: torch
         source = point.source if config is not None else "heuristic"
         config = config or path.default_config(problem)
         row = replace(row, config=config.as_dict(), config_source=source)
-    touched = inputs.experts_touched
-    row = replace(row, experts_touched=touched, bytes=problem.min_bytes(touched))
+    touched, flops = inputs.experts_touched, problem.slot_flops(inputs.local_slots)  # local experts' work only
+    row = replace(row, experts_touched=touched, bytes=problem.min_bytes(touched), flops=flops)
     out = torch.empty(problem.M, problem.shape.hidden, device=inputs.x.device, dtype=problem.spec.act)
     try:
         run = path.prepare(inputs, problem, config)
@@ -148,9 +148,9 @@ def run_config(point: PlannedPoint, path: MoEPath, inputs: MoEInputs, ref: torch
         return replace(row, status="error", error=one_line(e))
     secs = t.median_us * 1e-6
     row = replace(row, time_us=t.median_us, time_p20_us=t.p20_us, time_p80_us=t.p80_us, reps=t.reps,
-                  timing_method=t.method, tflops=problem.flops / secs / 1e12, gbps=row.bytes / secs / 1e9)
+                  timing_method=t.method, tflops=flops / secs / 1e12, gbps=row.bytes / secs / 1e9)
     if ceilings is not None and not target.interpreter:
-        f = floor(problem, touched, ceilings)
+        f = floor(problem, touched, ceilings, flops)
         row = replace(row, floor_us=f.floor_us, bound=f.bound, pct_of_floor=100.0 * f.floor_us / t.median_us)
     return row
 
@@ -192,6 +192,13 @@ def _left_to_run(plan: SweepPlan, done: set[tuple]) -> list[PlannedPoint]:
     return left
 
 
+def _ep_map(spec: SweepSpec) -> dict | None:
+    """meta.json's ``ep_map``, written where a shape runs through an expert_map (sweep --ep-map): per such shape,
+    its global and local experts (rank 0 holds global ids 0..local-1)."""
+    mapped = {s.name: {"global_experts": s.routed_experts, "local_experts": s.experts} for s in spec.shapes if s.mapped}
+    return mapped or None
+
+
 def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dict], None] | None = None,
               on_start: Callable[[int], None] | None = None, compile_jobs: int = 0,
               on_note: Callable[[str], None] | None = None, configs: Pinned | None = None, resume: bool = True,
@@ -223,6 +230,8 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
     meta = describe(target.interpreter)
     meta.update(sweep=spec.name, timing_method=graph_method() if not target.interpreter else "interpreter wall clock",
                 points=len(plan.points), tune=spec.tune, compile_jobs=compile_jobs, request=request)
+    if mapped := _ep_map(spec):
+        meta["ep_map"] = mapped
     ceilings = None
     if target.device.type == "cuda" and not target.interpreter:
         ceilings = measure_ceilings()
@@ -247,7 +256,8 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
                 ref = None  # the fp32 reference on inputs: computed once, for the first point checked
                 for point in by_m:
                     if point.reason is None and ref is None and not get_path(point.path_name).baseline:
-                        ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids)
+                        ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids,
+                                            expert_map=inputs.expert_map)
                     if precompiler and point.reason is None and len(point.tiles) > 1:
                         p = point.problem
                         if on_note:

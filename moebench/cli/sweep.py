@@ -29,12 +29,18 @@ from moebench.dtypes import DTYPE_NAMES
                    "[default: bf16; without a GPU fp16]")
 @click.option("--path", "paths", default=None,
               help="triton, triton-classic, cutlass, torch; comma list. "
-                   "[default: triton,cutlass; without a GPU triton,torch]")
+                   "[default: triton,cutlass; with --ep-map triton; without a GPU triton,torch]")
 @click.option("--routing", default=None, type=click.Choice(["uniform", "skewed"]),
               help="Expert load. [default: uniform]")
 @click.option("--seed", default=None, type=int, help="Input seed. [default: 0]")
 @click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree: divides the intermediate size.")
-@click.option("--ep", default=1, show_default=True, help="Expert-parallel degree: divides the experts.")
+@click.option("--ep", default=1, show_default=True,
+              help="Expert-parallel degree: divides the experts. A rank's layer as an all-to-all dispatch leaves it: "
+                   "E/N experts, top-k capped at E/N, M the tokens sent to it.")
+@click.option("--ep-map", is_flag=True,
+              help="With --ep N: rank 0 as vLLM runs EP without an all-to-all: all M tokens, top-k over all E "
+                   "experts (global ids), its E/N experts (ids 0..E/N-1) reached through an expert_map; the other "
+                   "ranks' slots add nothing. Paths without expert_map (triton-classic, cutlass) say so in the row.")
 @click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folder is created.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS),
@@ -53,7 +59,7 @@ from moebench.dtypes import DTYPE_NAMES
 @click.option("--fresh", is_flag=True,
               help="Start a new run folder even where a stopped run of the same sweep under --out could resume.")
 def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dtypes, paths, routing, seed, tp,
-          ep, out_dir, fmt, which, tune, configs_dir, compile_jobs, progress, fresh):
+          ep, ep_map, out_dir, fmt, which, tune, configs_dir, compile_jobs, progress, fresh):
     """Run a sweep from SPEC (a YAML file, or the name of a shipped spec such as quick) or from flags,
     write a run folder, print tables.
 
@@ -66,7 +72,8 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     is run again: the rows it has are kept, the rest are run.
     """
     from moebench._interpret import interpreting
-    from moebench.bench.spec import default_spec_file, for_interpreter, from_options, interpreter_size_warning
+    from moebench.bench.interpreter import for_interpreter, interpreter_size_warning
+    from moebench.bench.spec import default_spec_file, from_options
     from moebench.bench.sweep import run_sweep, validate
     from moebench.paths.base import Target
     from moebench.store.resume import stop_on_sigterm
@@ -77,7 +84,7 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     sweep_spec = from_options(
         spec, default_spec_file(interpreter), models=models, hf_configs=hf_configs, experts=experts,
         hidden=hidden, intermediate=intermediate, topk=topk, ms=ms, dtypes=dtypes, paths=paths, routing=routing,
-        seed=seed, tp=tp, ep=ep, tune=tune,
+        seed=seed, tp=tp, ep=ep, ep_map=ep_map, tune=tune,
     )
     target = Target.current()
     changed = None

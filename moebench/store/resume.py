@@ -24,13 +24,24 @@ from moebench.store.runfolder import META_FILE, ROWS_FILE, run_status
 # What a row is a measurement of: its point and (below) its tile config. Two rows with one identity are one
 # measurement twice; a resumed run skips the identities its folder has.
 IDENTITY_COLUMNS = ("model", "experts", "hidden", "intermediate", "topk", "dtype", "M", "path", "routing", "seed")
+# Columns added since, part of the identity only where a row sets them: a row without them (every row written
+# before they existed) keeps its identity, and a stopped run its request key.
+SET_IDENTITY_COLUMNS = ("global_experts",)
 
 
 def row_identity(row: dict) -> tuple:
     """The identity of a row (a dict as written to rows.jsonl, or as ``Row.as_dict`` gives it): the values of
-    ``IDENTITY_COLUMNS`` and the tile config as canonical JSON (None where the path has none)."""
+    ``IDENTITY_COLUMNS``, the tile config as canonical JSON (None where the path has none), then (name, value)
+    of each of ``SET_IDENTITY_COLUMNS`` the row sets."""
     config = row.get("config")
-    return (*(row.get(c) for c in IDENTITY_COLUMNS), None if config is None else json.dumps(config, sort_keys=True))
+    extra = tuple((c, row[c]) for c in SET_IDENTITY_COLUMNS if _is_set(row.get(c)))
+    return (*(row.get(c) for c in IDENTITY_COLUMNS), None if config is None else json.dumps(config, sort_keys=True),
+            *extra)
+
+
+def _is_set(value) -> bool:
+    """Neither None nor NaN (a missing value of a DataFrame's column)."""
+    return value is not None and value == value
 
 
 def request_key(obj) -> str:
