@@ -47,7 +47,7 @@ SPEC_KEYS = {
     "tp": "tensor-parallel degree (divides intermediate)",
     "ep": "expert-parallel degree (divides experts)",
     "ep_map": "true: run ep's rank 0 through an expert_map (the whole batch, top-k over all experts)",
-    "tune": "try the tile-config candidates of moebench.tune.handpicked for tunable paths (one row each)",
+    "tune": "tune each shape and dtype on the tunable paths with moebench tune's search, then run the choices",
     "runs": "a list of blocks, each a mapping of block keys that override the top level's",
 }
 DEFAULT_PATHS = ("triton", "cutlass")  # a block's paths where it names none

@@ -47,14 +47,17 @@ from moebench.dtypes import DTYPE_NAMES
               help="Printed output.")
 @click.option("--table", "which", type=click.Choice(TABLES[:2]), default=None,
               help="Print only this table (csv prints one table: throughput unless this says ttft).")
-@click.option("--tune", is_flag=True, help="Try the tile-config candidates for the triton path (a row each).")
+@click.option("--tune", is_flag=True,
+              help="Tune each shape and dtype on the tunable paths (triton, triton-classic) with `moebench tune`'s "
+                   "search over the sweep's M (its run folders beside the sweep's; a finished one is read, not run "
+                   "again), then run each point with the config chosen.")
 @click.option("--configs", "configs_dir", type=GivenPath(path_type=Path), default=None,
               help="A folder of moebench tables (export-configs --layout moebench) the triton path reads its tile "
                    "config from, before $MOEBENCH_CONFIGS and the shipped tables; each row says where its config "
                    "came from (config_source).")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
-              help="With --tune on a GPU: worker processes that compile each point's candidates before it is "
-                   "timed; 0 compiles them one by one in the sweep's process. [default: cores - 1, at most 15]")
+              help="With --tune: the tunes' worker processes that compile configs ahead. "
+                   "[default: cores - 1, at most 15]")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
 @click.option("--fresh", is_flag=True,
               help="Start a new run folder even where a stopped run of the same sweep under --out could resume.")
@@ -78,7 +81,6 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     from moebench.paths.base import Target
     from moebench.store.resume import stop_on_sigterm
     from moebench.store.runfolder import ensure_out_dir, load_run
-    from moebench.workers.pools import default_jobs
 
     interpreter = interpreting()
     sweep_spec = from_options(
@@ -120,8 +122,7 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
                 note(w)
             note(f"resuming {run_dir}: {record['rows_kept']} rows kept (previous status: {record['previous_status']})")
 
-        jobs = default_jobs() if compile_jobs is None else compile_jobs
-        run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started, compile_jobs=jobs, on_note=noted,
+        run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started, compile_jobs=compile_jobs, on_note=noted,
                             resume=not fresh, on_resume=resumed)
     _, df = load_run(run_dir)
     print_tables(df, fmt, out, which)

@@ -55,18 +55,24 @@ def _last_written(run_dir: Path) -> int:
     return max((p.stat().st_mtime_ns for p in (run_dir / META_FILE, run_dir / ROWS_FILE) if p.exists()), default=0)
 
 
-def find_resumable(out_base: Path, key: str) -> Path | None:
-    """The run folder under ``out_base`` that a new start of the request ``key`` continues: the newest folder
-    of that request (the last written), unless it is complete (the request ran through; a new start is a new
-    run). UserError where that folder's process still runs on this host: it owns the folder."""
+def _runs_of(out_base: Path, key: str) -> list[tuple[int, str, Path, dict]]:
+    """The run folders under ``out_base`` of the request ``key``: (last written, name, folder, meta) each."""
     found = []
     for meta_path in Path(out_base).glob(f"*/{META_FILE}"):
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            continue  # not a run folder this can resume
+            continue  # not a run folder of any request
         if isinstance(meta, dict) and meta.get("request") == key:
             found.append((_last_written(meta_path.parent), meta_path.parent.name, meta_path.parent, meta))
+    return found
+
+
+def find_resumable(out_base: Path, key: str) -> Path | None:
+    """The run folder under ``out_base`` that a new start of the request ``key`` continues: the newest folder
+    of that request (the last written), unless it is complete (the request ran through; a new start is a new
+    run). UserError where that folder's process still runs on this host: it owns the folder."""
+    found = _runs_of(out_base, key)
     if not found:
         return None
     *_, run_dir, meta = max(found, key=lambda f: f[:2])
@@ -77,6 +83,13 @@ def find_resumable(out_base: Path, key: str) -> Path | None:
         raise UserError(f"{run_dir} is being written by process {meta.get('pid')} on this machine; "
                         "wait for it or stop it (--fresh starts a new folder)")
     return run_dir
+
+
+def newest_complete(out_base: Path, key: str) -> Path | None:
+    """The newest run folder under ``out_base`` of the request ``key`` that ran through (status complete), or
+    None: what a caller that needs only a finished run's result reads instead of running it again."""
+    done = [f for f in _runs_of(out_base, key) if run_status(f[3]) == "complete"]
+    return max(done, key=lambda f: f[:2])[2] if done else None
 
 
 class Interrupted(KeyboardInterrupt):

@@ -1,4 +1,4 @@
-"""The hand-picked tile-config candidates of one point: what ``sweep --tune`` and ``isa`` try.
+"""The hand-picked tile-config candidates of one point: the tune's known seeds (``tune.seeds``) and what ``isa`` tries.
 
 The token tile height follows the average slots per expert (``M * topk / E``),
 as in ``tile.default_config``; around it a handful of shapes that do well on
