@@ -69,7 +69,8 @@ class Row:
     phase: str | None = None  # one of PHASES
     failure: str | None = None  # one of FAILURES, where a candidate has no time
     # where a tunable path's config came from: a table ('configs:'/'env:'/'shipped:' + file @M=key, see
-    # moebench.tables.lookup), 'heuristic' (the path's untuned default), 'pinned', or 'tuned' (sweep --tune; 'candidate' in older runs)
+    # moebench.tables.lookup), 'heuristic' (the path's untuned default), 'pinned', or 'tuned' (sweep --tune;
+    # 'candidate' in older runs)
     config_source: str | None = None
     # expert parallelism through an expert_map (sweep --ep-map): the experts the top-k ids range over, of which
     # the point's rank holds ``experts`` (global ids 0..experts-1); None: the ids are local (no map)
