@@ -10,6 +10,10 @@ MoE kernel is benchmarked on::
 
 Shared experts are recorded for information only: they are a dense MLP run
 beside the routed experts, not part of the fused MoE kernel.
+
+An :class:`EPMapShape` is one GPU's share under expert parallelism through an ``expert_map``
+(``shard(..., ep_map=True)``): the GPU holds ``experts`` of them, the ids range over ``global_experts``,
+every rank sees the whole batch, and a slot routed to another rank's expert adds nothing here.
 """
 
 from __future__ import annotations
@@ -43,10 +47,40 @@ class MoEShape:
             if not _is_int(value) or value < least:
                 need = "a non-negative integer" if least == 0 else "a positive integer"
                 raise UserError(f"model {self.name}: {f.name} must be {need}, got {value!r}")
-        if self.topk > self.experts:
+        if self.topk > self.routed_experts:
             raise UserError(
-                f"model {self.name}: topk ({self.topk}) must be <= experts ({self.experts})"
+                f"model {self.name}: topk ({self.topk}) must be <= experts ({self.routed_experts})"
             )
+
+    @property
+    def routed_experts(self) -> int:
+        """The experts the top-k ids range over: this GPU's own (an EPMapShape's are global)."""
+        return self.experts
+
+    @property
+    def mapped(self) -> bool:
+        """The top-k ids are global and go through an expert_map (an EPMapShape)."""
+        return self.routed_experts != self.experts
+
+
+@dataclass(frozen=True)
+class EPMapShape(MoEShape):
+    """Rank 0's share of a layer under expert parallelism through an expert_map (vLLM without an all-to-all):
+    the top-k ids range over ``global_experts``, this GPU holds ``experts`` of them (global ids 0..experts-1),
+    and the map sends the other ids to -1, whose slots add nothing. A class of its own, so plain shapes keep
+    their fields (and the keys built from them)."""
+
+    global_experts: int = 0  # E: the experts the router picks from
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.global_experts <= self.experts:
+            raise UserError(f"model {self.name}: global_experts ({self.global_experts}) must exceed the "
+                            f"{self.experts} experts this GPU holds")
+
+    @property
+    def routed_experts(self) -> int:
+        return self.global_experts
 
 
 def _is_int(value: object) -> bool:
@@ -268,17 +302,24 @@ def _config_name(outer: dict[str, Any], file: Path) -> str:
     return str(outer.get("model_type") or "model").lower()
 
 
-def shard(shape: MoEShape, tp: int = 1, ep: int = 1) -> MoEShape:
+def shard(shape: MoEShape, tp: int = 1, ep: int = 1, ep_map: bool = False) -> MoEShape:
     """What one GPU holds of ``shape`` under vLLM's tensor (``tp``) and expert (``ep``) parallelism.
 
     ``--tp N`` splits every expert's intermediate dimension N ways (w13 [E, 2I/N, hidden],
     w2 [E, hidden, I/N]); ``--ep N`` gives each GPU E/N whole experts. Under EP each token still
-    picks ``topk`` experts from all of them, so the local kernel sees only the tokens dispatched to
-    this GPU's experts: M then counts those tokens, and topk is capped at the local expert count.
+    picks ``topk`` experts from all of them. By default the layer is the one an all-to-all dispatch
+    leaves: the local kernel sees only the tokens dispatched to this GPU's experts, M counts those
+    tokens, and topk is capped at the local expert count (named ``@ep8``). With ``ep_map`` it is the
+    one without a dispatch: every GPU sees the whole batch with top-k ids over all E experts, and an
+    expert_map sends the ids of its E/N experts (rank 0's: global ids 0..E/N-1) to local ones and the
+    rest to -1 (an ``EPMapShape``: ``global_experts`` E, topk kept; named ``@ep8map``).
     """
     for flag, n in (("--tp", tp), ("--ep", ep)):
         if not _is_int(n) or n < 1:
             raise UserError(f"{flag} must be a positive integer, got {n!r}")
+    if ep_map and ep == 1:
+        raise UserError("--ep-map (ep_map: true) needs --ep (ep) above 1: the expert-parallel degree whose rank 0 "
+                        "it runs")
     if tp == 1 and ep == 1:
         return shape
     if shape.intermediate % tp:
@@ -288,11 +329,9 @@ def shard(shape: MoEShape, tp: int = 1, ep: int = 1) -> MoEShape:
     if shape.experts % ep:
         raise UserError(f"{shape.name}: {shape.experts} experts are not divisible by --ep {ep}")
     experts = shape.experts // ep
-    suffix = (f"tp{tp}" if tp > 1 else "") + (f"ep{ep}" if ep > 1 else "")
-    return replace(
-        shape,
-        name=f"{shape.name}@{suffix}",
-        experts=experts,
-        intermediate=shape.intermediate // tp,
-        topk=min(shape.topk, experts),
-    )
+    suffix = (f"tp{tp}" if tp > 1 else "") + (f"ep{ep}" if ep > 1 else "") + ("map" if ep_map else "")
+    name, intermediate = f"{shape.name}@{suffix}", shape.intermediate // tp
+    if ep_map:
+        return EPMapShape(name, experts, shape.hidden, intermediate, shape.topk, shape.moe_layers,
+                          shape.shared_experts, global_experts=shape.experts)
+    return replace(shape, name=name, experts=experts, intermediate=intermediate, topk=min(shape.topk, experts))

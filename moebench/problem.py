@@ -4,7 +4,8 @@ A ``Problem`` is frozen and hashable: (model shape, M tokens, dtype, routing,
 seed). ``make_weights`` and ``make_inputs`` build its tensors from the seed, so
 the same point gets the same numbers on every machine and run; weights are
 shared by all M of one (shape, dtype, seed), activations and routing are drawn
-per point.
+per point. A shape of expert parallelism through an expert_map (``models.EPMapShape``) draws its ids over
+the global experts and gets the map of rank 0 (global ids 0..E_local-1 local, the rest -1).
 """
 
 from __future__ import annotations
@@ -55,13 +56,20 @@ class Problem:
 
     @property
     def flops(self) -> int:
-        """Multiply-adds of both expert GEMMs, counted as 2 FLOPs: 2 * M * topk * 3 * I * hidden."""
+        """Multiply-adds of both expert GEMMs, counted as 2 FLOPs: 2 * M * topk * 3 * I * hidden. With an
+        expert_map only the slots of local experts are computed: ``slot_flops(inputs.local_slots)`` counts those."""
+        return self.slot_flops(self.M * self.shape.topk)
+
+    def slot_flops(self, slots: int) -> int:
+        """The FLOPs of both expert GEMMs over ``slots`` token slots: 2 * slots * 3 * I * hidden."""
         s = self.shape
-        return 2 * self.M * s.topk * 3 * s.intermediate * s.hidden
+        return 2 * slots * 3 * s.intermediate * s.hidden
 
     def min_bytes(self, experts_touched: int) -> int:
         """Fewest bytes any implementation must move: touched experts' weights (and scales),
-        the activations read once and the output written once."""
+        the activations read once and the output written once. Under an expert_map ``experts_touched``
+        counts local experts only; x and the output stay the whole batch's (every token's row is written,
+        zeros where no local expert is routed to)."""
         s, d = self.shape, self.spec
         per_expert = 3 * s.intermediate * s.hidden * d.weight_bytes
         if d.fp8_scheme == "channel":
@@ -119,19 +127,44 @@ class Weights:
     w2_scale: torch.Tensor | None
     fp8_scheme: str | None
     act_scale: torch.Tensor | None = None  # [2] float32, static fp8 only: GEMM1's and GEMM2's input scales
+    block_shape: tuple[int, int] = (128, 128)  # fp8 "block128" scales: (block_n, block_k)
 
 
 @dataclass
 class MoEInputs:
     x: torch.Tensor  # [M, hidden]
     topk_weights: torch.Tensor  # [M, topk] float32
-    topk_ids: torch.Tensor  # [M, topk] int32
+    topk_ids: torch.Tensor  # [M, topk] int32: local experts, or global ones with expert_map
     weights: Weights
+    expert_map: torch.Tensor | None = None  # [global experts] int32: local expert of each global id, -1 elsewhere
+
+    @cached_property
+    def _local_ids(self) -> torch.Tensor:
+        """The ids' local experts, those of other ranks left out: [slots of local experts] int32."""
+        if self.expert_map is None:
+            return self.topk_ids.reshape(-1)
+        local = self.expert_map[self.topk_ids.reshape(-1).long()]
+        return local[local >= 0]
 
     @cached_property
     def experts_touched(self) -> int:
-        """Distinct experts the routing uses (host sync once per inputs; call outside timed regions)."""
-        return int(torch.unique(self.topk_ids).numel())
+        """Distinct local experts the routing uses (host sync once per inputs; call outside timed regions)."""
+        return int(torch.unique(self._local_ids).numel())
+
+    @cached_property
+    def local_slots(self) -> int:
+        """Token slots routed to local experts: M * topk without an expert_map (host sync, as above)."""
+        return int(self._local_ids.numel())
+
+
+def rank0_map(shape: MoEShape, device: torch.device | str) -> torch.Tensor | None:
+    """The expert_map of rank 0 under ``shape``'s expert parallelism, [global experts] int32: global ids
+    0..experts-1 are its local experts 0..experts-1, the rest -1; None for a shape without one."""
+    if not shape.mapped:
+        return None
+    local = torch.full((shape.routed_experts,), -1, dtype=torch.int32, device=device)
+    local[: shape.experts] = torch.arange(shape.experts, dtype=torch.int32, device=device)
+    return local
 
 
 def make_weights(shape: MoEShape, dtype: str, seed: int, device: torch.device | str) -> Weights:
@@ -161,5 +194,5 @@ def make_inputs(problem: Problem, device: torch.device | str, weights: Weights |
     seed = problem.seed * 1_000_003 + problem.M * 7919 + draw + 1
     gen = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(problem.M, s.hidden, generator=gen, device=device, dtype=problem.spec.act)
-    topk_weights, topk_ids = route(problem.M, s.experts, s.topk, problem.routing, seed, device)
-    return MoEInputs(x, topk_weights, topk_ids, weights)
+    topk_weights, topk_ids = route(problem.M, s.routed_experts, s.topk, problem.routing, seed, device)
+    return MoEInputs(x, topk_weights, topk_ids, weights, rank0_map(s, device))

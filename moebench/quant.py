@@ -7,7 +7,8 @@ reference; it has no host synchronization, so it can be captured in a graph.
 Scale conventions (dequantized value = fp8 value * scale):
 - ``tensor``:   w [E, N, K] -> scale [E]                  one per expert matrix
 - ``channel``:  w [E, N, K] -> scale [E, N]               one per output row
-- ``block128``: w [E, N, K] -> scale [E, cdiv(N,128), cdiv(K,128)]
+- ``block128``: w [E, N, K] -> scale [E, cdiv(N,128), cdiv(K,128)]; other blocks ``block=(block_n, block_k)``
+  give scale [E, cdiv(N, block_n), cdiv(K, block_k)]
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ BLOCK = 128
 _EPS = 1e-12
 
 
-def quantize_weight(w: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_weight(w: torch.Tensor, scheme: str,
+                    block: tuple[int, int] = (BLOCK, BLOCK)) -> tuple[torch.Tensor, torch.Tensor]:
     """w [E, N, K] (any float dtype) -> (fp8 [E, N, K], float32 scale, shaped as the module doc says)."""
     w = w.float()
     E, N, K = w.shape
@@ -31,19 +33,21 @@ def quantize_weight(w: torch.Tensor, scheme: str) -> tuple[torch.Tensor, torch.T
         scale = w.abs().amax(dim=2).clamp_min(_EPS) / FP8_MAX  # [E, N]
         q = (w / scale[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     elif scheme == "block128":
-        nb, kb = -(-N // BLOCK), -(-K // BLOCK)
-        padded = torch.zeros(E, nb * BLOCK, kb * BLOCK, device=w.device)
+        bn, bk = block
+        nb, kb = -(-N // bn), -(-K // bk)
+        padded = torch.zeros(E, nb * bn, kb * bk, device=w.device)
         padded[:, :N, :K] = w
-        blocks = padded.view(E, nb, BLOCK, kb, BLOCK)
+        blocks = padded.view(E, nb, bn, kb, bk)
         scale = blocks.abs().amax(dim=(2, 4)).clamp_min(_EPS) / FP8_MAX  # [E, nb, kb]
         q = (blocks / scale[:, :, None, :, None]).clamp(-FP8_MAX, FP8_MAX)
-        q = q.view(E, nb * BLOCK, kb * BLOCK)[:, :N, :K].to(FP8).contiguous()
+        q = q.view(E, nb * bn, kb * bk)[:, :N, :K].to(FP8).contiguous()
     else:
         raise ValueError(f"unknown fp8 scheme {scheme!r}")
     return q, scale
 
 
-def dequantize_weight(q: torch.Tensor, scale: torch.Tensor | None, scheme: str | None) -> torch.Tensor:
+def dequantize_weight(q: torch.Tensor, scale: torch.Tensor | None, scheme: str | None,
+                      block: tuple[int, int] = (BLOCK, BLOCK)) -> torch.Tensor:
     """The float32 value of one expert's weight. q [N, K], scale as above without the E dim."""
     w = q.float()
     if scheme is None:
@@ -54,7 +58,7 @@ def dequantize_weight(q: torch.Tensor, scale: torch.Tensor | None, scheme: str |
         return w * scale[:, None]
     if scheme == "block128":
         N, K = w.shape
-        s = scale.repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)[:N, :K]
+        s = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[:N, :K]
         return w * s
     raise ValueError(f"unknown fp8 scheme {scheme!r}")
 

@@ -56,9 +56,9 @@ def layer(M: int, dtype: torch.dtype, seed: int = 0, e: int = E, h: int = H, i: 
     return x, w13, w2, topk_weights.to(DEVICE), topk_ids.to(DEVICE)
 
 
-def rel_err(out, x, w13, w2, topk_weights, topk_ids) -> float:
+def rel_err(out, x, w13, w2, topk_weights, topk_ids, expert_map=None) -> float:
     """||out - ref|| / ||ref||, ref the project's float32 reference of the layer."""
-    ref = moe_reference(x, Weights(w13, w2, None, None, None), topk_weights.float(), topk_ids)
+    ref = moe_reference(x, Weights(w13, w2, None, None, None), topk_weights.float(), topk_ids, expert_map=expert_map)
     return float(torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref))
 
 
@@ -85,24 +85,29 @@ def write_tables(folder: Path, dtype: str = "fp16") -> None:
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the example's tensors are on the CPU: a GPU machine runs them only "
                     "with TRITON_INTERPRET=1, which the test removes")
-def test_the_readme_example_runs_as_a_users_script_and_matches_the_reference(tmp_path):
-    """The README's example, copied into a file and run by a fresh interpreter with TRITON_INTERPRET unset, as a
-    user runs it: moebench, not the test set-up, turns on the interpreter before Triton is imported."""
+@pytest.mark.parametrize("marker", ["fused_moe example", "fused_moe EP example"])
+def test_the_readme_example_runs_as_a_users_script_and_matches_the_reference(tmp_path, marker):
+    """The README's examples (the layer; one rank of it under expert parallelism, with an expert_map), each copied
+    into a file and run by a fresh interpreter with TRITON_INTERPRET unset, as a user runs it: moebench, not the
+    test set-up, turns on the interpreter before Triton is imported."""
     text = (ROOT / "README.md").read_text()
-    found = re.search(r"<!-- fused_moe example -->\s*```python\n(.*?)```\s*<!-- /fused_moe example -->", text, re.S)
-    assert found, "README.md has no fused_moe example between its markers"
+    found = re.search(rf"<!-- {marker} -->\s*```python\n(.*?)```\s*<!-- /{marker} -->", text, re.S)
+    assert found, f"README.md has no {marker} between its markers"
     script, saved = tmp_path / "example.py", tmp_path / "tensors.pt"
     script.write_text(found.group(1) + f"\ntorch.save(dict(out=out, x=x, w13=w13, w2=w2, topk_weights=topk_weights, "
-                      f"topk_ids=topk_ids), {str(saved)!r})\n")
+                      f"topk_ids=topk_ids, expert_map=globals().get('expert_map')), {str(saved)!r})\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     t = torch.load(saved)
-    out, x, w13, w2 = t["out"], t["x"].half(), t["w13"].half(), t["w2"].half()
+    out, x, w13, w2, expert_map = t["out"], t["x"].half(), t["w13"].half(), t["w2"].half(), t["expert_map"]
     assert out.shape == x.shape and out.dtype == torch.float16
-    assert rel_err(out, x, w13, w2, t["topk_weights"], t["topk_ids"]) < DTYPES["fp16"].rtol
+    if expert_map is not None:  # the example reaches both kinds of slot: local experts and other ranks'
+        mapped = expert_map[t["topk_ids"]]
+        assert (mapped >= 0).any() and (mapped < 0).any() and w13.shape[0] < expert_map.numel()
+    assert rel_err(out, x, w13, w2, t["topk_weights"], t["topk_ids"], expert_map) < DTYPES["fp16"].rtol
 
 
 @pytest.mark.parametrize("dtype, M", [

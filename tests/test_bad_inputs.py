@@ -151,3 +151,19 @@ def test_a_point_named_twice_is_run_once(tmp_path):
     assert proc.returncode == 0, proc.stderr
     (run,) = (tmp_path / "out").iterdir()
     assert load_run(run)[1]["M"].tolist() == [1]
+
+
+# ---- --ep-map without an EP degree, or with one that leaves no whole experts per rank -----------------------------
+
+@pytest.mark.parametrize("args, spec_line, says", [
+    ((*SWEEP, "--ep-map"), "", "--ep-map (ep_map: true) needs --ep (ep) above 1"),
+    ((*SWEEP, "--ep", "3", "--ep-map"), "", "tiny: 8 experts are not divisible by --ep 3"),
+    (("sweep", "s.yaml"), "ep_map: true", "s.yaml: --ep-map (ep_map: true) needs --ep (ep) above 1"),
+    (("sweep", "s.yaml"), "ep: 2\nep_map: 1", "s.yaml: ep_map: expected true or false, got 1"),
+    (("sweep", "s.yaml", "--ep-map"), "", "with a SPEC file set tp/ep/ep_map in the file"),
+    (("sweep", "--model", "tiny", "--m", "1", "--dtype", "fp16", "--ep", "2", "--ep-map", "--path", "triton-classic"),
+     "", "path 'triton-classic' cannot run any point of this sweep"),
+], ids=["no-ep", "ep-not-dividing", "spec-no-ep", "spec-not-bool", "flag-with-spec", "no-path-runs-it"])
+def test_ep_map_without_an_ep_degree_that_fits_is_refused(tmp_path, args, spec_line, says):
+    (tmp_path / "s.yaml").write_text(SPEC + spec_line + "\n")
+    assert says in _refused(tmp_path, *args)

@@ -79,6 +79,20 @@ CASES = [
     (TILE, None, dict(hidden=4096, intermediate=1100), GPU,  # wide layers: the launches' blocks stop growing
      dict(even_k1=True, even_n1=False, swiglu_block_n=1024, swiglu_block_g=8, topk_sum_block=1024,
           topk_sum_cols=4, grid1=8 * 18)),
+    (TILE, "channel", dict(act_per_tensor=True), GPU,  # channel weights, one activation scale per tensor
+     dict(quant=QUANT_ROWCOL, per_tensor=True, act_scheme="tensor", amax_out=True)),
+    (TILE, "channel", dict(act_per_tensor=True, static_scales=True), GPU,  # the same, static: h in fp8 by GEMM1
+     dict(per_tensor=True, static_out=True, quantize_h=False)),
+    (replace(TILE, BLOCK_SIZE_K=64), "block128", dict(block_shape=(64, 64)), GPU,  # 64x64 blocks: a 64-wide tile
+     dict(scale_n=64, scale_k=64, act_scheme="block128", group_out=True, h_fp8=True, swiglu_block_g=4)),
+    (DIRECT, None, dict(remote_slots=True), GPU,  # expert_map: the ids GEMM1 reads before a wait are a launch's
+     dict(align=False, pdl=False)),
+    (replace(TILE, atomic_sum=False), None, dict(remote_slots=True), GPU,  # expert_map: rows no tile writes, zero
+     dict(sums="rows", zero_rows=True)),
+    (replace(TILE, split_k=2), "tensor", dict(remote_slots=True), GPU,  # h's per-tensor maximum reads every row
+     dict(zero_partials=True, amax_out=False)),
+    (replace(TILE, split_k=2), "channel", dict(remote_slots=True), GPU,  # per-row scales: unwritten rows unread
+     dict(zero_partials=False)),
 ]
 
 
@@ -86,6 +100,13 @@ CASES = [
 def test_launch_plan(config, scheme, shape, device, expected):
     got = plan(config, scheme, device, **shape)
     assert {k: getattr(got, k) for k in expected} == expected
+
+
+def test_block_scales_need_one_block_per_k_step():
+    """A block of block_k columns needs BLOCK_SIZE_K = block_k (one scale block per step): a one-line UserError."""
+    with pytest.raises(UserError, match=r"blocks of \[128, 64\] needs BLOCK_SIZE_K=64"):
+        plan(TILE, "block128", block_shape=(128, 64))
+    assert plan(replace(TILE, BLOCK_SIZE_K=64), "block128", block_shape=(128, 64)).scale_k == 64
 
 
 def test_grids_cover_the_align_bound_at_any_m():

@@ -413,9 +413,9 @@ def test_static_scales_quantize_x_once_and_h_in_gemm1(monkeypatch):
 
     calls = []
 
-    def counted(t, scheme, static_scale=None, pdl=False, maxima=None, zero=None):
+    def counted(t, scheme, static_scale=None, pdl=False, maxima=None, zero=None, **kw):
         calls.append((tuple(t.shape), static_scale is not None))
-        return quantize_act(t, scheme, static_scale, pdl, maxima, zero)
+        return quantize_act(t, scheme, static_scale, pdl, maxima, zero, **kw)
 
     monkeypatch.setattr(fm, "quantize_act", counted)
     problem = Problem(_shape(8, 128, 64, 2), 5, "fp8-tensor-static", seed=10)
@@ -450,9 +450,9 @@ def test_block128_h_quantized_by_the_launch_that_applies_the_activation(config, 
 
     calls = []
 
-    def counted(t, scheme, static=None, pdl=False, maxima=None, zero=None):
+    def counted(t, scheme, static=None, pdl=False, maxima=None, zero=None, **kw):
         calls.append(t.shape)
-        return quantize_act(t, scheme, static, pdl, maxima, zero)
+        return quantize_act(t, scheme, static, pdl, maxima, zero, **kw)
 
     monkeypatch.setattr(fm, "quantize_act", counted)
     problem = Problem(_shape(4, 256, intermediate, 2), 3, "fp8-block128", seed=9)  # 2 K steps: 1 per split
@@ -479,8 +479,8 @@ def test_fp8_tensor_scale_of_h_from_gemm1_tile_maxima(config, monkeypatch):
 
     seen = []
 
-    def recorded(t, scheme, static=None, pdl=False, maxima=None, zero=None):
-        q, scale = quantize_act(t, scheme, static, pdl, maxima, zero)
+    def recorded(t, scheme, static=None, pdl=False, maxima=None, zero=None, **kw):
+        q, scale = quantize_act(t, scheme, static, pdl, maxima, zero, **kw)
         seen.append((t.clone(), maxima, scale.clone()))
         return q, scale
 
@@ -510,9 +510,9 @@ def test_block128_x_quantized_in_gemm1_gives_the_same_bits(config, hidden, monke
 
     calls = []
 
-    def counted(t, scheme, static=None, pdl=False, maxima=None, zero=None):
+    def counted(t, scheme, static=None, pdl=False, maxima=None, zero=None, **kw):
         calls.append(tuple(t.shape))
-        return quantize_act(t, scheme, static, pdl, maxima, zero)
+        return quantize_act(t, scheme, static, pdl, maxima, zero, **kw)
 
     monkeypatch.setattr(fm, "quantize_act", counted)
     problem = Problem(_shape(8, hidden, 128, 2), 3, "fp8-block128", seed=12)

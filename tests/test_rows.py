@@ -27,16 +27,18 @@ COLUMNS = (
 )
 # Columns added after them, at the end, so older rows read as the same columns with these missing.
 TUNING_COLUMNS = ("phase", "failure", "config_source")
+EP_MAP_COLUMNS = ("global_experts",)  # sweep --ep-map's rows set it
+ALL_COLUMNS = COLUMNS + TUNING_COLUMNS + EP_MAP_COLUMNS
 
 
 def test_the_schema_is_the_row_type_and_keeps_its_columns():
-    assert Row.columns() == ROW_COLUMNS == COLUMNS + TUNING_COLUMNS
+    assert Row.columns() == ROW_COLUMNS == ALL_COLUMNS
 
 
 def test_a_point_row_names_its_problem_and_nothing_measured():
     problem = Problem(TINY, 4, "fp16", seed=3)
     row = Row.for_point(problem, "triton", Target.current())
-    assert list(row.as_dict()) == list(COLUMNS + TUNING_COLUMNS)
+    assert list(row.as_dict()) == list(ALL_COLUMNS)
     assert (row.model, row.experts, row.hidden, row.intermediate, row.topk, row.M, row.seed) == (
         "tiny", 8, 128, 64, 2, 4, 3)
     assert row.flops == problem.flops and row.status == "ok" and row.time_us is None and row.error is None
@@ -52,10 +54,10 @@ def test_a_row_round_trips_through_its_file(tmp_path):
     writer.append(row.as_dict())
     writer.finish()
     [line] = (tmp_path / "run" / ROWS_FILE).read_text().splitlines()
-    assert list(json.loads(line)) == list(COLUMNS + TUNING_COLUMNS)
+    assert list(json.loads(line)) == list(ALL_COLUMNS)
     assert Row(**json.loads(line)) == row
     _, df = load_run(tmp_path / "run")
-    assert list(df.columns) == list(COLUMNS + TUNING_COLUMNS) and df["time_us"].item() == 12.5
+    assert list(df.columns) == list(ALL_COLUMNS) and df["time_us"].item() == 12.5
 
 
 def test_an_unknown_status_is_refused():
@@ -70,6 +72,6 @@ def test_the_runner_writes_exactly_the_schema(tmp_path):
     seen = []
     run = run_sweep(spec, tmp_path, on_row=seen.append)
     lines = [json.loads(line) for line in (run / ROWS_FILE).read_text().splitlines()]
-    assert [list(r) for r in lines] == [list(COLUMNS + TUNING_COLUMNS)] * len(lines) and len(lines) == 4
+    assert [list(r) for r in lines] == [list(ALL_COLUMNS)] * len(lines) and len(lines) == 4
     assert [list(r) for r in seen] == [list(r) for r in lines]
     assert all(r["status"] in ("ok", "unsupported") for r in lines)

@@ -1,8 +1,13 @@
-"""The executor: rows per point when tuning, typed rows for what cannot run, and run metadata."""
+"""The executor: a tuned sweep's points run with their tune's choices, typed rows for what cannot run, one
+pipeline per point, and run metadata."""
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,10 +21,11 @@ from moebench.paths.base import Target
 from moebench.problem import Problem, make_inputs
 from moebench.store.runfolder import load_run
 from moebench.tile import TileConfig
-from moebench.tune.handpicked import candidates
+
+CHOICE, DEFAULT, KNOWN = (TileConfig(16, 32, 32, 1, 4, 2), TileConfig(16, 64, 32, 1, 4, 2),
+                          TileConfig(32, 32, 32, 1, 4, 2))  # what the stand-in tune's best.json holds
 
 
-@pytest.mark.skipif(not interpreting(), reason="bf16 is refused only under the interpreter")
 def once(fn) -> Timing:
     """The interpreter's wall-clock timing of a single run, not a warm-up and three: each row still gets a time."""
     start = time.perf_counter()
@@ -27,70 +33,79 @@ def once(fn) -> Timing:
     return Timing.from_samples([(time.perf_counter() - start) * 1e6], WALLCLOCK)
 
 
-def one_per_variant(problem: Problem) -> list[TileConfig]:
-    """The tuner's candidates, one per variant (the label past tile shape, warps and stages), each variant at the
-    next tile shape in turn: every variant and every tile shape of the candidates, a quarter of the runs."""
-    by_variant: dict[str, list[TileConfig]] = {}
-    for c in candidates(problem):
-        by_variant.setdefault(" ".join(c.label.split()[3:]), []).append(c)
-    return [cs[i % len(cs)] for i, cs in enumerate(by_variant.values())]
+@pytest.fixture
+def stand_in_tune(monkeypatch):
+    """``tune.run.tune`` replaced: it records each request and writes a finished tune's folder whose best.json
+    times, back to back, the choice (10 us), the default (12) and a known seed (9 at odd M, 11 at even M)."""
+    from moebench.store.runfolder import META_FILE
+    from moebench.tune import run
+
+    asked = []
+
+    def tune(request, out_base, **_):
+        asked.append(request)
+        folder = Path(out_base) / f"tune-{len(asked)}"
+        folder.mkdir(parents=True)
+        (folder / META_FILE).write_text(json.dumps({"request": request.key, "status": "complete"}))
+        configs = {str(m): {"config": CHOICE.as_dict(), "time_us": 10.0, "default": DEFAULT.as_dict(),
+                            "default_us": 12.0, "known": KNOWN.as_dict(), "known_us": 9.0 if m % 2 else 11.0}
+                   for m in request.ms}
+        (folder / run.BEST_FILE).write_text(json.dumps({"configs": configs}))
+        return SimpleNamespace(run_dir=folder)
+
+    monkeypatch.setattr(run, "tune", tune)
+    return asked
 
 
-def test_tuned_sweep_writes_a_checked_row_per_candidate_and_one_row_per_refusal(tmp_path, monkeypatch):
-    """fp16 on the interpreter: one timed row per tile candidate (the tuner's, one per variant: each variant
-    and each tile shape still checked against the reference); bf16 (refused there): one typed row. The
-    interpreter compiles nothing, so compile workers asked for are not started."""
-    import moebench.bench.sweep as runner
+@pytest.mark.skipif(not interpreting(), reason="bf16 is refused only under the interpreter")
+def test_a_tuned_sweep_runs_each_point_once_with_the_fastest_its_tune_timed(tmp_path, monkeypatch, stand_in_tune):
+    """The tune is asked once per (path, shape, dtype) the path can run, over the sweep's M; each point then
+    runs one checked, timed row with the fastest of the tune's choice, default and known seed (the known seed
+    at M=1, the choice at M=2); bf16, refused on the interpreter, gets one typed row and no tune. A second start
+    reads the finished tune instead of tuning again."""
     import moebench.measure.point as point
 
-    tiny = get_model("tiny")
-    every, picked = candidates(Problem(tiny, 1, "fp16")), one_per_variant(Problem(tiny, 1, "fp16"))
-    shapes = {c.label.split()[0] for c in every}
-    assert len(shapes) > 1 and {c.label.split()[0] for c in picked} == shapes  # every tile shape runs
-    assert {" ".join(c.label.split()[3:]) for c in picked} == {" ".join(c.label.split()[3:]) for c in every}
-    monkeypatch.setattr(runner, "candidates", one_per_variant)
     monkeypatch.setattr(point, "time_wallclock", once)
-    spec = SweepSpec("t", (Block((tiny,), (1,), ("fp16", "bf16"), ("triton",)),), tune=True)
-    seen = []
-    meta, df = load_run(run_sweep(spec, tmp_path, on_row=seen.append, compile_jobs=2))
-    assert meta["tune"] is True and meta["status"] == "complete" and len(seen) == len(df)
-    assert meta["compile_jobs"] == 0
-    fp16 = df[df["dtype"] == "fp16"]
-    assert len(fp16) == len(picked) and [TileConfig.from_dict(c) for c in fp16["config"]] == picked
-    assert (fp16["status"] == "ok").all() and fp16["correct"].all() and fp16["time_us"].notna().all()
-    assert len({tuple(sorted(c.items())) for c in fp16["config"]}) == len(fp16)
-    bf16 = df[df["dtype"] == "bf16"]
-    assert len(bf16) == 1 and bf16["status"].item() == "unsupported" and "interpreter" in bf16["error"].item()
-
-
-@pytest.mark.skipif(interpreting() or not torch.cuda.is_available(), reason="compiles for a GPU")
-def test_a_tuned_sweep_on_a_gpu_compiles_its_candidates_in_workers(tmp_path):
-    """Asked for two compile workers, a tuned GPU sweep uses them (the pool never stopped) and still checks
-    and times every candidate."""
     tiny = get_model("tiny")
-    spec = SweepSpec("t", (Block((tiny,), (1,), ("fp16",), ("triton",)),), tune=True)
-    meta, df = load_run(run_sweep(spec, tmp_path, compile_jobs=2))
-    assert meta["compile_jobs"] == 2 and "compile_jobs_stopped" not in meta
-    assert len(df) == len(candidates(Problem(tiny, 1, "fp16"))) and (df["status"] == "ok").all()
+    spec = SweepSpec("t", (Block((tiny,), (1, 2), ("fp16", "bf16"), ("triton",)),), tune=True)
+    meta, df = load_run(run_sweep(spec, tmp_path / "out"))
+    (request,) = stand_in_tune
+    assert (request.path, request.shape, request.dtype, request.ms) == ("triton", tiny, "fp16", (1, 2))
+    assert meta["tune"] is True and meta["tune_runs"] == ["tune-1"] and meta["status"] == "complete"
+    fp16 = df[df["dtype"] == "fp16"].set_index("M")
+    assert [TileConfig.from_dict(fp16.loc[m, "config"]) for m in (1, 2)] == [KNOWN, CHOICE]
+    assert (fp16["config_source"] == "tuned").all() and fp16["correct"].all() and fp16["time_us"].notna().all()
+    bf16 = df[df["dtype"] == "bf16"]
+    assert len(bf16) == 2 and (bf16["status"] == "unsupported").all()
+    again, _ = load_run(run_sweep(spec, tmp_path / "out", resume=False))
+    assert len(stand_in_tune) == 1 and again["tune_runs"] == ["tune-1"]
 
 
-def test_pinned_configs_replace_the_candidates_at_the_points_they_name(tmp_path, monkeypatch):
-    """A config pinned for (model, dtype, M) is the one row of that point, tuning or not; other points keep
-    the tuner's candidates (here its first three, so the interpreter runs a few: the tuned-sweep test above
-    runs one per variant)."""
-    import moebench.bench.sweep as runner
+def test_pinned_configs_replace_the_tunes_choice_at_the_points_they_name(tmp_path, monkeypatch, stand_in_tune):
+    """A config pinned for (model, dtype, M) is that point's one row, tuning or not, and its M is not tuned;
+    the other points run the tune's choice."""
     import moebench.measure.point as point
 
-    monkeypatch.setattr(runner, "candidates", lambda problem: candidates(problem)[:3])
     monkeypatch.setattr(point, "time_wallclock", once)
     tiny = get_model("tiny")
     pinned = TileConfig(16, 32, 32, 1, 4, 2, swap_ab=True, atomic_sum=False)
     spec = SweepSpec("t", (Block((tiny,), (1, 3), ("fp16",), ("triton",)),), tune=True)
     _, df = load_run(run_sweep(spec, tmp_path, configs={(tiny.name, "fp16", 3): pinned}))
+    assert [r.ms for r in stand_in_tune] == [(1,)]
     at3, at1 = df[df["M"] == 3], df[df["M"] == 1]
-    assert len(at3) == 1 and TileConfig.from_dict(at3["config"].item()) == pinned
-    assert (at3["status"] == "ok").all() and at3["correct"].all()
-    assert [TileConfig.from_dict(c) for c in at1["config"]] == candidates(Problem(tiny, 1, "fp16"))[:3]
+    assert TileConfig.from_dict(at3["config"].item()) == pinned and at3["config_source"].item() == "pinned"
+    assert at3["correct"].all() and TileConfig.from_dict(at1["config"].item()) == KNOWN
+
+
+@pytest.mark.skipif(interpreting() or not torch.cuda.is_available(), reason="tunes on a GPU")
+def test_a_tuned_sweep_on_a_gpu_runs_the_tunes_search(tmp_path):
+    """On a GPU the tune is the real one: its folder is beside the sweep's and each row runs its table's config."""
+    tiny = get_model("tiny")
+    spec = SweepSpec("t", (Block((tiny,), (1, 16), ("fp16",), ("triton",)),), tune=True)
+    meta, df = load_run(run_sweep(spec, tmp_path, compile_jobs=2))
+    (tune_dir,) = [tmp_path / name for name in meta["tune_runs"]]
+    best = json.loads((tune_dir / "best.json").read_text())
+    assert set(best["configs"]) == {"1", "16"} and (df["status"] == "ok").all() and len(df) == 2
 
 
 class CountingPath:
@@ -139,18 +154,19 @@ def counting(monkeypatch):
 
 
 def test_one_pipeline_per_point_support_once_prepare_once_per_config_one_closure(tmp_path, counting):
-    """Support is decided once per (point, path); each candidate is prepared once, and that one closure is
-    checked and then, only where correct, timed (a Swap-AB candidate here writes zeros: checked, not timed)."""
+    """Support is decided once per (point, path); each config of a point is prepared once, and that one closure
+    is checked and then, only where correct, timed (the Swap-AB config here writes zeros: checked, not timed)."""
     from moebench.bench.sweep import validate
 
     tiny = get_model("tiny")
-    spec = SweepSpec("t", (Block((tiny,), (1, 2), ("fp16",), ("counting",)),), tune=True)
+    spec = SweepSpec("t", (Block((tiny,), (1, 2), ("fp16",), ("counting",)),))
     plan = validate(spec, Target.current())
     assert len(counting.supports_calls) == 2  # one per point
+    two = (TileConfig(16, 32, 32), TileConfig(16, 32, 32, swap_ab=True, atomic_sum=False))
+    plan = replace(plan, points=tuple(replace(p, tiles=two) for p in plan.points))
     meta, df = load_run(run_sweep(plan, tmp_path))
     assert len(counting.supports_calls) == 2  # the run used the plan's decisions
-    n = len(candidates(Problem(tiny, 1, "fp16"))) + len(candidates(Problem(tiny, 2, "fp16")))
-    assert len(df) == len(counting.prepared) == n == plan.rows
+    assert len(df) == len(counting.prepared) == 4 == plan.rows
     for config, calls in counting.prepared:
         assert len(set(calls)) == 1  # the check and the timing wrote one output tensor
         assert len(calls) == 1 if config.swap_ab else len(calls) > 1

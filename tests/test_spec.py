@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import moebench
+from moebench.bench.interpreter import for_interpreter
 from moebench.bench.spec import (
     GPU_MS,
     INTERPRETER_MS,
@@ -15,7 +16,6 @@ from moebench.bench.spec import (
     build_spec,
     default_spec_file,
     find_spec,
-    for_interpreter,
     from_options,
     load_spec,
     shipped_specs,
@@ -237,13 +237,8 @@ def test_a_spec_name_that_is_not_a_plain_file_name_part_is_refused_by_sweep(tmp_
 
 
 def test_the_size_warning_names_each_large_shape_against_the_interpreter_bound():
-    from moebench.bench.spec import (
-        INTERPRETER_MAX_WEIGHTS,
-        SWEEPS_DIR,
-        interpreter_size_warning,
-        load_spec,
-        weight_elements,
-    )
+    from moebench.bench.interpreter import INTERPRETER_MAX_WEIGHTS, interpreter_size_warning, weight_elements
+    from moebench.bench.spec import SWEEPS_DIR, load_spec
     from moebench.models import get_model
 
     quick = load_spec(SWEEPS_DIR / "quick.yaml")

@@ -24,7 +24,6 @@ import yaml
 from moebench.dtypes import get_dtype
 from moebench.errors import UserError
 from moebench.models import MoEShape, explicit_shape, from_hf_config, get_model, shard
-from moebench.paths.base import Target
 from moebench.paths.registry import get_path
 from moebench.problem import Problem, check_seed
 from moebench.routing import check_routing
@@ -47,11 +46,14 @@ SPEC_KEYS = {
     "seed": "int",
     "tp": "tensor-parallel degree (divides intermediate)",
     "ep": "expert-parallel degree (divides experts)",
-    "tune": "try the tile-config candidates of moebench.tune.handpicked for tunable paths (one row each)",
+    "ep_map": "true: run ep's rank 0 through an expert_map (the whole batch, top-k over all experts)",
+    "tune": "tune each shape and dtype on the tunable paths with moebench tune's search, then run the choices",
     "runs": "a list of blocks, each a mapping of block keys that override the top level's",
 }
+DEFAULT_PATHS = ("triton", "cutlass")  # a block's paths where it names none
+EP_MAP_PATHS = ("triton",)  # ... under ep_map: the default ones that take an expert_map
 # Keys that describe one block of the plan (a product of shapes x dtypes x M x paths).
-BLOCK_KEYS = ("models", "hf_configs", "shapes", "m", "topk", "dtypes", "paths", "tp", "ep")
+BLOCK_KEYS = ("models", "hf_configs", "shapes", "m", "topk", "dtypes", "paths", "tp", "ep", "ep_map")
 SHAPE_KEYS = ("name", "experts", "hidden", "intermediate", "topk", "moe_layers")
 # A sweep's name ends its run folder's name: a letter, digit or "_" first (no "..", no hidden folder), then those,
 # spaces and ". @ + = , -"; no "/" or "\\", so the folder stays inside --out.
@@ -81,7 +83,7 @@ class Block:
             get_path(p)
 
 
-def _union(items) -> tuple:
+def union(items) -> tuple:
     return tuple(dict.fromkeys(items))
 
 
@@ -103,10 +105,10 @@ class SweepSpec:
             b.validate(self.name)
         check_routing(self.routing)
 
-    shapes = property(lambda self: _union(s for b in self.blocks for s in b.shapes))
-    ms = property(lambda self: _union(m for b in self.blocks for m in b.ms))
-    dtypes = property(lambda self: _union(d for b in self.blocks for d in b.dtypes))
-    paths = property(lambda self: _union(p for b in self.blocks for p in b.paths))
+    shapes = property(lambda self: union(s for b in self.blocks for s in b.shapes))
+    ms = property(lambda self: union(m for b in self.blocks for m in b.ms))
+    dtypes = property(lambda self: union(d for b in self.blocks for d in b.dtypes))
+    paths = property(lambda self: union(p for b in self.blocks for p in b.paths))
 
     def points(self) -> list[tuple[Problem, str]]:
         """The plan, grouped so one (shape, dtype) shares its weights: block, shape, dtype, M, path. A point
@@ -182,8 +184,8 @@ def _with_topk(shapes: list[MoEShape], topks: tuple[int, ...]) -> list[MoEShape]
     out = []
     for s in shapes:
         for k in topks:
-            if k <= 0 or k > s.experts:
-                raise UserError(f"{s.name}: top-k {k} impossible with {s.experts} experts")
+            if k <= 0 or k > s.routed_experts:
+                raise UserError(f"{s.name}: top-k {k} impossible with {s.routed_experts} experts")
             out.append(s if k == s.topk else replace(s, topk=k, name=f"{s.name}-top{k}"))
     return out
 
@@ -195,14 +197,16 @@ def build_block(
     ms: tuple[int, ...] = (),
     topks: tuple[int, ...] = (),
     dtypes: tuple[str, ...] = ("bf16",),
-    paths: tuple[str, ...] = ("triton", "cutlass"),
+    paths: tuple[str, ...] = (),
     tp: int = 1,
     ep: int = 1,
+    ep_map: bool = False,
 ) -> Block:
     base = [get_model(m) for m in models] + [from_hf_config(p) for p in hf_configs] + list(shapes)
     if not base:
         raise UserError("nothing to sweep: give a spec file, --model, --hf-config or an explicit shape")
-    sharded = [shard(s, tp=tp, ep=ep) for s in base]
+    sharded = [shard(s, tp=tp, ep=ep, ep_map=ep_map) for s in base]
+    paths = paths or (EP_MAP_PATHS if ep_map else DEFAULT_PATHS)
     return Block(tuple(_with_topk(sharded, topks)), tuple(ms), tuple(dtypes), tuple(paths))
 
 
@@ -297,23 +301,21 @@ def _block(path: Path, data: dict) -> Block:
         ms=_int_list(data.get("m"), "m"),
         topks=_int_list(data.get("topk"), "topk"),
         dtypes=_str_list(data.get("dtypes"), "dtypes") or ("bf16",),
-        paths=_str_list(data.get("paths"), "paths") or ("triton", "cutlass"),
+        paths=_str_list(data.get("paths"), "paths"),
         tp=_int(data.get("tp", 1), "tp"),
         ep=_int(data.get("ep", 1), "ep"),
+        ep_map=_bool(data.get("ep_map", False), "ep_map"),
     )
 
 
 GPU_MS = (1, 16, 128, 1024, 4096)  # the flags' M: decode to prefill
 INTERPRETER_MS = (1, 16, 64)  # the cpu spec's M: what the interpreter runs in seconds
-# weight elements (3 * E * hidden * I) one point may have for the interpreter to run it in seconds; tiny: 196,608.
-# trace refuses a larger shape there; a sweep warns (interpreter_size_warning).
-INTERPRETER_MAX_WEIGHTS = 1 << 22
 DEFAULT_MS = ",".join(map(str, GPU_MS))
 
 
 def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_configs=(), experts=None,
                  hidden=None, intermediate=None, topk=None, ms=None, dtypes=None, paths=None, routing=None,
-                 seed=None, tp=1, ep=1, tune=False) -> SweepSpec:
+                 seed=None, tp=1, ep=1, ep_map=False, tune=False) -> SweepSpec:
     """The plan of `moebench sweep`: a spec file with flags over it, or flags alone, or the default file.
 
     List options arrive as the user typed them (comma lists, possibly repeated).
@@ -326,8 +328,8 @@ def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_co
     if spec_file and flags_given:
         raise UserError("give either a SPEC file or --model/--hf-config/shape flags, not both")
     if spec_file or not flags_given:
-        if tp != 1 or ep != 1:
-            raise UserError("--tp/--ep shard the flags' models; with a SPEC file set tp/ep in the file")
+        if tp != 1 or ep != 1 or ep_map:
+            raise UserError("--tp/--ep/--ep-map shard the flags' models; with a SPEC file set tp/ep/ep_map in the file")
         return override(
             load_spec(find_spec(spec_file) if spec_file else default_file),
             ms=_int_list(ms, "--m") if ms else None,
@@ -353,83 +355,11 @@ def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_co
         ms=_int_list(ms or DEFAULT_MS, "--m"),
         topks=topks,
         dtypes=_str_list(dtypes, "--dtype") or ("bf16",),
-        paths=_str_list(paths, "--path") or ("triton", "cutlass"),
+        paths=_str_list(paths, "--path"),
         routing=routing or "uniform",
         seed=seed or 0,
         tp=tp,
         ep=ep,
+        ep_map=ep_map,
         tune=tune,
     )
-
-
-# What the interpreter runs in place of the GPU defaults the user did not choose: bf16 dots come out wrong
-# there, torch (the float32 reference) runs anywhere a GPU-only path cannot, and the GPU's grid of M takes
-# minutes where INTERPRETER_MS takes seconds.
-INTERPRETER_DTYPES = {"bf16": "fp16"}
-INTERPRETER_PATH = "torch"
-
-
-def _interpreter_dtypes(dtypes: tuple[str, ...]) -> tuple[str, ...]:
-    return _union(INTERPRETER_DTYPES.get(d, d) for d in dtypes)
-
-
-def _cannot_run(spec: SweepSpec, block: Block, path_name: str, target: Target) -> str | None:
-    """Why ``path_name`` runs none of ``block``'s points on ``target`` even in the interpreter's dtypes, or None."""
-    friendly = replace(block, dtypes=_interpreter_dtypes(block.dtypes), paths=(path_name,))
-    path = get_path(path_name)
-    reasons = [path.supports(p, target) for p, _ in replace(spec, blocks=(friendly,)).points()]
-    return reasons[0] if all(reasons) else None
-
-
-def for_interpreter(spec: SweepSpec, target: Target, dtypes_given: bool = False, paths_given: bool = False,
-                    ms_given: bool = False) -> tuple[SweepSpec, str | None]:
-    """The sweep as the Triton interpreter can run it, and one line saying what changed (None: nothing did).
-
-    Where the user gave no --dtype, bf16 becomes fp16; where no --path, a path that needs a GPU (it runs
-    none of its block's points here, whatever the dtype) gives way to torch; where no --m, the GPU's
-    default M list becomes the cpu spec's. What the user chose is kept, so validation refuses it with its
-    reason. A spec's bf16, GPU-only paths and GPU grid change too: like the flags' defaults, they are
-    choices made for a GPU.
-    """
-    swaps: dict[str, str] = {}  # what was there -> what takes its place, with why
-    blocks = []
-    for b in spec.blocks:
-        if not dtypes_given:
-            swaps.update((d, f"{INTERPRETER_DTYPES[d]} in place of {d} (the interpreter computes {d} tl.dot wrongly)")
-                         for d in b.dtypes if d in INTERPRETER_DTYPES)
-            b = replace(b, dtypes=_interpreter_dtypes(b.dtypes))
-        if not paths_given:
-            dropped = {n: why for n in b.paths if (why := _cannot_run(spec, b, n, target))}
-            swaps.update((n, f"path {INTERPRETER_PATH} in place of {n} ({why.split(':')[0]})")
-                         for n, why in dropped.items())
-            if dropped:
-                b = replace(b, paths=_union([*(n for n in b.paths if n not in dropped), INTERPRETER_PATH]))
-        if not ms_given and b.ms == GPU_MS:
-            swaps["M"] = (f"M {','.join(map(str, INTERPRETER_MS))} in place of {','.join(map(str, GPU_MS))} "
-                          "(the interpreter is slow)")
-            b = replace(b, ms=INTERPRETER_MS)
-        blocks.append(b)
-    if not swaps:
-        return spec, None
-    note = f"No CUDA GPU, so: {'; '.join(swaps.values())}. --dtype, --path and --m choose."
-    return replace(spec, blocks=tuple(blocks)), note
-
-
-def weight_elements(shape: MoEShape) -> int:
-    """The weight elements of one layer of ``shape``: w1 (gate and up) and w2 of every expert."""
-    return 3 * shape.experts * shape.hidden * shape.intermediate
-
-
-def interpreter_size_warning(spec: SweepSpec) -> str | None:
-    """One line warning that the interpreter runs ``spec``'s largest shapes slowly (their weight elements per
-    point against ``INTERPRETER_MAX_WEIGHTS``), or None where every shape is within it."""
-    large = sorted((s for s in spec.shapes if weight_elements(s) > INTERPRETER_MAX_WEIGHTS), key=weight_elements,
-                   reverse=True)
-    if not large:
-        return None
-    points = sum(1 for p, _ in spec.points() if weight_elements(p.shape) > INTERPRETER_MAX_WEIGHTS)
-    sizes = ", ".join(f"{s.name} {weight_elements(s):,} ({weight_elements(s) / INTERPRETER_MAX_WEIGHTS:.0f}x)"
-                      for s in large)
-    return (f"warning: {points} point(s) have more weight elements than the interpreter runs in seconds "
-            f"({INTERPRETER_MAX_WEIGHTS:,}): {sizes}; each may take minutes or more. "
-            "--model tiny or a smaller shape runs fast.")

@@ -1,12 +1,12 @@
 """The executor: run a sweep's plan point by point on this machine and write the rows.
 
-The plan is built once (``SweepPlan``): each (problem, path) with whether the
-path can run it here and the tile configs it is run with. For each (shape,
-dtype) the weights are built once; for each M the routed activations are drawn
-once and the float32 reference computed once. Each config is prepared once, and
-that one closure is first checked (into a NaN-poisoned output, against the
-reference) and, only if correct, timed. Rows are appended as they finish; the
-same sweep started again continues a stopped run's folder, skipping the rows it has.
+The plan is built once (``SweepPlan``): each (problem, path) with whether the path can run it here and the tile
+config it is run with; a tuned sweep (``--tune``) first tunes its tunable points with ``moebench tune``'s search
+(``bench.tuned``) and builds the plan again with the configs chosen. For each (shape, dtype) the weights are built
+once; for each M the routed activations are drawn once and the float32 reference computed once. Each config is
+prepared once, and that one closure is first checked (into a NaN-poisoned output, against the reference) and, only
+if correct, timed. Rows are appended as they finish; the same sweep started again continues a stopped run's
+folder, skipping the rows it has.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 import triton
 
 from moebench.bench.spec import SweepSpec
+from moebench.bench.tuned import Pins, tune_pins
 from moebench.environment import describe, device_name
 from moebench.errors import UserError, one_line
 from moebench.measure.point import Check, check_run, incorrect, time_run
@@ -34,8 +35,6 @@ from moebench.store.rows import Row
 from moebench.store.runfolder import RunWriter, new_run_dir
 from moebench.tables import lookup
 from moebench.tile import TileConfig
-from moebench.tune.handpicked import candidates
-from moebench.workers.precompile import Precompiler
 
 # Failures of a GPU-side kind that become a row, not a crash: out of resources,
 # compile errors, and what CUDA or PyTorch report as RuntimeError.
@@ -56,21 +55,21 @@ class PlannedPoint:
 
 
 def _tiles(path: MoEPath, problem: Problem, reason: str | None, tune: bool, pinned: Pinned | None,
-           configs_dir: Path | None = None) -> tuple[tuple[TileConfig | None, ...], str | None]:
-    """The tile configs a point is run with and where they came from: the one ``pinned`` names for its
-    (model, dtype, M), else the candidates when tuning a tunable path (for the engines' form, those it can
-    run: moebench-only fields off), else, for moebench's kernel, the config its tables give at M
-    (``moebench.tables.lookup``: --configs, MOEBENCH_CONFIGS, shipped, else the fitted default, else the
-    heuristic), else the path's default
-    (one row, too, for a point the path cannot run)."""
+           configs_dir: Path | None = None,
+           tuned: Pins | None = None) -> tuple[tuple[TileConfig | None, ...], str | None]:
+    """The tile config a point is run with and where it came from: the one ``pinned`` names for its
+    (model, dtype, M), else the one its tune chose (``tuned``, per path; before the tunes ran, the default stands
+    in), else, for moebench's kernel, the config its tables give at M (``moebench.tables.lookup``: --configs,
+    MOEBENCH_CONFIGS, shipped, else the fitted default, else the heuristic), else the path's default (one row,
+    too, for a point the path cannot run)."""
     if not path.tunable or reason:
         return (None,), None
     key = (problem.shape.name, problem.dtype, problem.M)
     if pinned and key in pinned:
         return (pinned[key],), "pinned"
     if tune:
-        tiles = candidates(problem)
-        return (tuple(c for c in tiles if c.portable) if path.name == "triton-classic" else tuple(tiles)), "candidate"
+        chosen = (tuned or {}).get((*key, path.name))
+        return (chosen or path.default_config(problem),), "tuned"
     if path.name != "triton":
         return (path.default_config(problem),), "heuristic"
     s = problem.shape
@@ -87,22 +86,24 @@ class SweepPlan:
     spec: SweepSpec
     target: Target
     points: tuple[PlannedPoint, ...]
+    pinned: Pinned | None = None  # what it was built with, for the plan built again after a tuned sweep's tunes
+    configs_dir: Path | None = None
 
     @classmethod
     def build(cls, spec: SweepSpec, target: Target, pinned: Pinned | None = None,
-              configs_dir: Path | None = None) -> SweepPlan:
+              configs_dir: Path | None = None, tuned: Pins | None = None) -> SweepPlan:
         points = []
         for problem, name in spec.points():
             path = get_path(name)
             reason = path.supports(problem, target)
-            tiles, source = _tiles(path, problem, reason, spec.tune, pinned, configs_dir)
+            tiles, source = _tiles(path, problem, reason, spec.tune, pinned, configs_dir, tuned)
             points.append(PlannedPoint(problem, name, reason, tiles, source))
         for name in spec.paths:
             reasons = [p.reason for p in points if p.path_name == name]
             if all(reasons):
                 where = "on this machine (no CUDA GPU)" if target.device.type == "cpu" else "here"
                 raise UserError(f"path '{name}' cannot run any point of this sweep {where}: {reasons[0]}")
-        return cls(spec, target, tuple(points))
+        return cls(spec, target, tuple(points), pinned, configs_dir)
 
     @property
     def rows(self) -> int:
@@ -135,8 +136,8 @@ def run_config(point: PlannedPoint, path: MoEPath, inputs: MoEInputs, ref: torch
         source = point.source if config is not None else "heuristic"
         config = config or path.default_config(problem)
         row = replace(row, config=config.as_dict(), config_source=source)
-    touched = inputs.experts_touched
-    row = replace(row, experts_touched=touched, bytes=problem.min_bytes(touched))
+    touched, flops = inputs.experts_touched, problem.slot_flops(inputs.local_slots)  # local experts' work only
+    row = replace(row, experts_touched=touched, bytes=problem.min_bytes(touched), flops=flops)
     out = torch.empty(problem.M, problem.shape.hidden, device=inputs.x.device, dtype=problem.spec.act)
     try:
         run = path.prepare(inputs, problem, config)
@@ -149,15 +150,15 @@ def run_config(point: PlannedPoint, path: MoEPath, inputs: MoEInputs, ref: torch
         return replace(row, status="error", error=one_line(e))
     secs = t.median_us * 1e-6
     row = replace(row, time_us=t.median_us, time_p20_us=t.p20_us, time_p80_us=t.p80_us, reps=t.reps,
-                  timing_method=t.method, tflops=problem.flops / secs / 1e12, gbps=row.bytes / secs / 1e9)
+                  timing_method=t.method, tflops=flops / secs / 1e12, gbps=row.bytes / secs / 1e9)
     if ceilings is not None and not target.interpreter:
-        f = floor(problem, touched, ceilings)
+        f = floor(problem, touched, ceilings, flops)
         row = replace(row, floor_us=f.floor_us, bound=f.bound, pct_of_floor=100.0 * f.floor_us / t.median_us)
     return row
 
 
 def _point_rows(point: PlannedPoint, inputs: MoEInputs | None, ref: torch.Tensor | None, target: Target,
-                ceilings: Ceilings | None, budget_s: float) -> Iterator[Row]:
+                ceilings: Ceilings | None) -> Iterator[Row]:
     """The rows of one planned point, as each finishes: one per config, or one saying why it cannot run."""
     if point.reason:
         yield replace(Row.for_point(point.problem, point.path_name, target), status="unsupported",
@@ -165,7 +166,7 @@ def _point_rows(point: PlannedPoint, inputs: MoEInputs | None, ref: torch.Tensor
         return
     path = get_path(point.path_name)
     for cfg in point.tiles:
-        yield run_config(point, path, inputs, ref, target, ceilings, cfg, budget_s)
+        yield run_config(point, path, inputs, ref, target, ceilings, cfg)
 
 
 def planned_identity(point: PlannedPoint, tile: TileConfig | None, target: Target) -> tuple:
@@ -193,22 +194,31 @@ def _left_to_run(plan: SweepPlan, done: set[tuple]) -> list[PlannedPoint]:
     return left
 
 
+def _ep_map(spec: SweepSpec) -> dict | None:
+    """meta.json's ``ep_map``, written where a shape runs through an expert_map (sweep --ep-map): per such shape,
+    its global and local experts (rank 0 holds global ids 0..local-1)."""
+    mapped = {s.name: {"global_experts": s.routed_experts, "local_experts": s.experts} for s in spec.shapes if s.mapped}
+    return mapped or None
+
+
 def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dict], None] | None = None,
-              on_start: Callable[[int], None] | None = None, compile_jobs: int = 0,
+              on_start: Callable[[int], None] | None = None, compile_jobs: int | None = None,
               on_note: Callable[[str], None] | None = None, configs: Pinned | None = None, resume: bool = True,
               on_resume: Callable[[Path, dict], None] | None = None) -> Path:
     """Run every point of ``spec`` (or of a plan ``validate`` built); return the run folder. ``on_start`` is
     told how many rows are left to run, ``on_row`` sees each row as it is written. ``configs`` pins the tile
     config of the tunable paths at the points it names ((model, dtype, M), as rows name them), in place of the
-    tuner's candidates or the default.
+    tune's choice or the default.
+
+    A tuned sweep first tunes its tunable points not pinned (``bench.tuned.tune_pins``: ``moebench tune``'s
+    search per path, shape and dtype over the sweep's M, its run folders under ``out_base``, a finished one of the
+    same request read again; ``compile_jobs`` and ``on_note`` go to it) and runs each point once with the config
+    chosen; meta.json names the tunes' folders (``tune_runs``).
 
     With ``resume``, a stopped run of the same request (``sweep_request``) under ``out_base`` is continued in
     its folder (``store.resume.find_resumable``): its rows are kept and skipped, and ``on_resume`` gets the folder
     and the record of the reopening. Ctrl-C or SIGTERM (``results.stop_on_sigterm``) raise
     ``store.resume.Interrupted`` naming the folder, which records "interrupted"; another exception, "failed".
-
-    ``compile_jobs`` > 0 (a tuned sweep on a GPU): that many worker processes compile each tuned point's
-    candidates before it is timed (``workers.precompile``); ``on_note`` is told when they start on a point.
     """
     if isinstance(spec, SweepPlan):
         if configs:
@@ -217,21 +227,26 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
     else:
         plan = SweepPlan.build(spec, Target.current(), configs)
     spec, target = plan.spec, plan.target
+    tune_runs: list[Path] = []
+    if spec.tune:
+        todo = [(p.problem, p.path_name) for p in plan.points if p.reason is None and p.source == "tuned"]
+        tuned, tune_runs = tune_pins(todo, out_base, compile_jobs=compile_jobs, on_note=on_note)
+        plan = SweepPlan.build(spec, target, plan.pinned, plan.configs_dir, tuned)
     request = request_key(sweep_request(plan))
     resumable = find_resumable(out_base, request) if resume else None  # refuses a folder a live process writes
-    if not spec.tune or target.interpreter:
-        compile_jobs = 0  # nothing to compile ahead: one config per point, or no compiler (the interpreter)
     meta = describe(target.interpreter)
     meta.update(sweep=spec.name, timing_method=graph_method() if not target.interpreter else "interpreter wall clock",
-                points=len(plan.points), tune=spec.tune, compile_jobs=compile_jobs, request=request)
+                points=len(plan.points), tune=spec.tune, request=request)
+    if spec.tune:
+        meta["tune_runs"] = [r.name for r in tune_runs]  # folders beside the sweep's, under the same --out
+    if mapped := _ep_map(spec):
+        meta["ep_map"] = mapped
     ceilings = None
     if target.device.type == "cuda" and not target.interpreter:
         ceilings = measure_ceilings()
         meta["ceilings"] = ceilings.as_dict()
     writer = RunWriter(resumable or new_run_dir(out_base, spec.name), meta, resume=resumable is not None)
-    budget_s = 0.1 if spec.tune else 0.3
     stopped: BaseException | None = None
-    precompiler = Precompiler(compile_jobs) if compile_jobs else None
     try:
         if writer.resumed and on_resume:
             on_resume(writer.run_dir, writer.resumed)
@@ -248,13 +263,9 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
                 ref = None  # the fp32 reference on inputs: computed once, for the first point checked
                 for point in by_m:
                     if point.reason is None and ref is None and not get_path(point.path_name).baseline:
-                        ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids)
-                    if precompiler and point.reason is None and len(point.tiles) > 1:
-                        p = point.problem
-                        if on_note:
-                            on_note(f"compiling {len(point.tiles)} configs of {p.shape.name} {p.dtype} M={p.M} ahead")
-                        precompiler.compile(point.path_name, p, list(point.tiles))
-                    for row in _point_rows(point, inputs, ref, target, ceilings, budget_s):
+                        ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids,
+                                            expert_map=inputs.expert_map)
+                    for row in _point_rows(point, inputs, ref, target, ceilings):
                         record = row.as_dict()
                         writer.append(record)
                         if on_row:
@@ -268,10 +279,5 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
             raise
         raise stopped from e
     finally:
-        extra = {}
-        if precompiler:
-            precompiler.close()
-            if precompiler.broken:
-                extra["compile_jobs_stopped"] = precompiler.broken
-        writer.end(stopped, **extra)
+        writer.end(stopped)
     return writer.run_dir

@@ -29,31 +29,40 @@ from moebench.dtypes import DTYPE_NAMES
                    "[default: bf16; without a GPU fp16]")
 @click.option("--path", "paths", default=None,
               help="triton, triton-classic, cutlass, torch; comma list. "
-                   "[default: triton,cutlass; without a GPU triton,torch]")
+                   "[default: triton,cutlass; with --ep-map triton; without a GPU triton,torch]")
 @click.option("--routing", default=None, type=click.Choice(["uniform", "skewed"]),
               help="Expert load. [default: uniform]")
 @click.option("--seed", default=None, type=int, help="Input seed. [default: 0]")
 @click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree: divides the intermediate size.")
-@click.option("--ep", default=1, show_default=True, help="Expert-parallel degree: divides the experts.")
+@click.option("--ep", default=1, show_default=True,
+              help="Expert-parallel degree: divides the experts. A rank's layer as an all-to-all dispatch leaves it: "
+                   "E/N experts, top-k capped at E/N, M the tokens sent to it.")
+@click.option("--ep-map", is_flag=True,
+              help="With --ep N: rank 0 as vLLM runs EP without an all-to-all: all M tokens, top-k over all E "
+                   "experts (global ids), its E/N experts (ids 0..E/N-1) reached through an expert_map; the other "
+                   "ranks' slots add nothing. Paths without expert_map (triton-classic, cutlass) say so in the row.")
 @click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folder is created.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS),
               help="Printed output.")
 @click.option("--table", "which", type=click.Choice(TABLES[:2]), default=None,
               help="Print only this table (csv prints one table: throughput unless this says ttft).")
-@click.option("--tune", is_flag=True, help="Try the tile-config candidates for the triton path (a row each).")
+@click.option("--tune", is_flag=True,
+              help="Tune each shape and dtype on the tunable paths (triton, triton-classic) with `moebench tune`'s "
+                   "search over the sweep's M (its run folders beside the sweep's; a finished one is read, not run "
+                   "again), then run each point with the config chosen.")
 @click.option("--configs", "configs_dir", type=GivenPath(path_type=Path), default=None,
               help="A folder of moebench tables (export-configs --layout moebench) the triton path reads its tile "
                    "config from, before $MOEBENCH_CONFIGS and the shipped tables; each row says where its config "
                    "came from (config_source).")
 @click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
-              help="With --tune on a GPU: worker processes that compile each point's candidates before it is "
-                   "timed; 0 compiles them one by one in the sweep's process. [default: cores - 1, at most 15]")
+              help="With --tune: the tunes' worker processes that compile configs ahead. "
+                   "[default: cores - 1, at most 15]")
 @click.option("--progress/--no-progress", default=True, help="Show a progress bar on stderr.")
 @click.option("--fresh", is_flag=True,
               help="Start a new run folder even where a stopped run of the same sweep under --out could resume.")
 def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dtypes, paths, routing, seed, tp,
-          ep, out_dir, fmt, which, tune, configs_dir, compile_jobs, progress, fresh):
+          ep, ep_map, out_dir, fmt, which, tune, configs_dir, compile_jobs, progress, fresh):
     """Run a sweep from SPEC (a YAML file, or the name of a shipped spec such as quick) or from flags,
     write a run folder, print tables.
 
@@ -66,18 +75,18 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
     is run again: the rows it has are kept, the rest are run.
     """
     from moebench._interpret import interpreting
-    from moebench.bench.spec import default_spec_file, for_interpreter, from_options, interpreter_size_warning
+    from moebench.bench.interpreter import for_interpreter, interpreter_size_warning
+    from moebench.bench.spec import default_spec_file, from_options
     from moebench.bench.sweep import run_sweep, validate
     from moebench.paths.base import Target
     from moebench.store.resume import stop_on_sigterm
     from moebench.store.runfolder import ensure_out_dir, load_run
-    from moebench.workers.pools import default_jobs
 
     interpreter = interpreting()
     sweep_spec = from_options(
         spec, default_spec_file(interpreter), models=models, hf_configs=hf_configs, experts=experts,
         hidden=hidden, intermediate=intermediate, topk=topk, ms=ms, dtypes=dtypes, paths=paths, routing=routing,
-        seed=seed, tp=tp, ep=ep, tune=tune,
+        seed=seed, tp=tp, ep=ep, ep_map=ep_map, tune=tune,
     )
     target = Target.current()
     changed = None
@@ -113,8 +122,7 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
                 note(w)
             note(f"resuming {run_dir}: {record['rows_kept']} rows kept (previous status: {record['previous_status']})")
 
-        jobs = default_jobs() if compile_jobs is None else compile_jobs
-        run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started, compile_jobs=jobs, on_note=noted,
+        run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started, compile_jobs=compile_jobs, on_note=noted,
                             resume=not fresh, on_resume=resumed)
     _, df = load_run(run_dir)
     print_tables(df, fmt, out, which)

@@ -111,7 +111,7 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     import pandas as pd
 
     from moebench._interpret import interpreting
-    from moebench.bench.spec import INTERPRETER_MAX_WEIGHTS, weight_elements
+    from moebench.bench.interpreter import INTERPRETER_MAX_WEIGHTS, weight_elements
     from moebench.problem import check_seed
     from moebench.report import tables as report
     from moebench.serve import streams

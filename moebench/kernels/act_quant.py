@@ -5,7 +5,7 @@ Rows are tokens (GEMM1's input ``x [M, K]``) or token slots (GEMM2's input
 
 - ``tensor``:   one scale for the whole tensor -> scale ``[1]``
 - ``channel``:  one scale per row (per token)  -> scale ``[R]``
-- ``block128``: one scale per 1x128 group      -> scale ``[R, cdiv(K, 128)]``
+- ``block128``: one scale per 1 x ``group`` group (128 unless given) -> scale ``[R, cdiv(K, group)]``
 
 ``tensor`` and ``channel`` take two launches (row maxima, then quantize; for
 ``tensor`` every program reduces the row maxima itself, so no global barrier
@@ -130,7 +130,7 @@ def _quantize_groups(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s
 
 def quantize_act(x: torch.Tensor, scheme: str, static_scale: torch.Tensor | None = None,
                  pdl: bool = False, maxima: torch.Tensor | None = None,
-                 zero: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 zero: torch.Tensor | None = None, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, K] (bf16/fp16/fp32) -> (fp8 [R, K], float32 scale shaped as the module doc says).
 
     ``static_scale`` ([1] float32, ``tensor`` only): quantize at this scale, which is returned.
@@ -139,6 +139,7 @@ def quantize_act(x: torch.Tensor, scheme: str, static_scale: torch.Tensor | None
     of the GEMM that wrote x), whose largest is x's; then no launch reads x for its maximum.
     ``zero`` ([R, K], ``block128`` only): a tensor the launch sets to zero beside x's quantization (the layer's
     top-k sums, so no launch of their own zeroes them).
+    ``group`` (``block128`` only): the columns per scale group, a power of two (the weights' block_k).
     """
     dep = dependent.launch_kwargs(pdl)
     R, K = x.shape
@@ -153,14 +154,14 @@ def quantize_act(x: torch.Tensor, scheme: str, static_scale: torch.Tensor | None
                                  BLOCK_K=block_k, BLOCK_R=1024, ROUND_FIRST=interpreting(), STATIC=True, **dep)
         return q, static_scale
     if scheme == "block128":
-        groups = triton.cdiv(K, GROUP)
+        groups = triton.cdiv(K, group)
         scale = torch.empty(R, groups, device=x.device, dtype=torch.float32)
         if zero is not None:
             assert zero.shape == x.shape and zero.stride(1) == 1
         if R:
             _quantize_groups[(triton.cdiv(R, GROUP_ROWS), groups)](
                 x, q, scale, R, K, x.stride(0), q.stride(0), scale.stride(0),
-                BLOCK_R=GROUP_ROWS, GROUP_K=GROUP, ROUND_FIRST=interpreting(), **dep,
+                BLOCK_R=GROUP_ROWS, GROUP_K=group, ROUND_FIRST=interpreting(), **dep,
                 zero_ptr=zero, stride_z=0 if zero is None else zero.stride(0), ZERO=zero is not None)
         return q, scale
     if zero is not None:

@@ -49,6 +49,9 @@ class LayerShapes:
     out_dtype: torch.dtype = torch.bfloat16  # the output's dtype: atomic_out adds into it
     out_contiguous: bool = True  # the output's rows packed, so GEMM1 can zero it as one block (atomic_out)
     weight_bytes: int = 2  # bytes per element of w13 (TMA needs rows of a multiple of 16 bytes)
+    act_per_tensor: bool = False  # fp8 "channel" weights with one activation scale per tensor, not per token
+    block_shape: tuple[int, int] = (128, 128)  # fp8 "block128": (block_n, block_k) of the weight scales
+    remote_slots: bool = False  # slots may route to no local expert (expert_map): no tile computes them
 
     @property
     def slots(self) -> int:
@@ -57,12 +60,13 @@ class LayerShapes:
 
     @classmethod
     def of(cls, x: torch.Tensor, w13: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor | None = None,
-           act_scale: torch.Tensor | None = None) -> LayerShapes:
+           act_scale: torch.Tensor | None = None, **scales) -> LayerShapes:
+        """The shapes of these tensors; ``scales``: act_per_tensor, block_shape, remote_slots as given."""
         M, H = x.shape
         E, two_i, _ = w13.shape
         return cls(M, E, H, two_i // 2, topk_ids.shape[1], static_scales=act_scale is not None,
                    out_dtype=x.dtype if out is None else out.dtype,
-                   out_contiguous=out is None or out.is_contiguous(), weight_bytes=w13.element_size())
+                   out_contiguous=out is None or out.is_contiguous(), weight_bytes=w13.element_size(), **scales)
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,11 @@ class LaunchPlan:
 
     quant: int  # the kernels' QUANT (tiles.QUANT_*)
     per_tensor: bool  # one activation scale per tensor: its strides are 0
+    act_scheme: str | None  # the activations' quantization (act_quant's scheme): "tensor", "channel", "block128"
+    scale_n: int  # fp8 block scales: weight rows per scale block (the kernels' SCALE_N)
+    scale_k: int  # fp8 block scales: columns per block and per activation group (BLOCK_SIZE_K)
     static: bool  # static activation scales: x and h quantized at the given scales
-    pdl: bool  # every launch a programmatic dependent (a tile per slot, where the device has it)
+    pdl: bool  # every launch a programmatic dependent (a tile per slot, where the device has it, no expert_map)
     round_first: bool  # fp8 casts rounded in float32 first (the interpreter's cast drops carries)
     slots: int  # T = M * topk
     align: bool  # an align launch groups the slots by expert (else a tile per slot: direct_route)
@@ -106,6 +113,7 @@ class LaunchPlan:
     swiglu: bool  # the _swiglu launch runs (split-K, some slots)
     swiglu_block_n: int
     swiglu_block_g: int
+    zero_partials: bool  # split-K partial sums zeroed: h's per-tensor scale reads rows no tile writes
     split2: int  # GEMM2 split-K: programs per tile, each adding its partial sum atomically
     block_n2: int  # GEMM2's BLOCK_N
     grid2: int  # GEMM2's programs
@@ -115,27 +123,36 @@ class LaunchPlan:
     topk_sum: bool  # the _topk_sum launch adds the stored rows (stored rows, some tokens)
     topk_sum_block: int  # its columns per program
     topk_sum_cols: int  # its programs per token
+    zero_rows: bool  # the stored rows zeroed: slots of remote experts (expert_map) get no tile to write theirs
 
 
-def _scheme_name(fp8_scheme: str | None, static: bool) -> str:
+def _scheme_name(fp8_scheme: str | None, static: bool, block_shape: tuple[int, int] = (128, 128)) -> str:
+    if fp8_scheme == "block128" and block_shape != (128, 128):
+        return f"fp8 blocks of {list(block_shape)}"
     return "an unquantized layer" if fp8_scheme is None else f"fp8-{fp8_scheme}" + ("-static" if static else "")
 
 
 def launch_plan(config: TileConfig, fp8_scheme: str | None, shapes: LayerShapes, device: DeviceFacts) -> LaunchPlan:
-    """The layer's launches for ``config`` at ``fp8_scheme`` (None, "tensor", "channel", "block128"), decided
-    from shapes alone (nothing read from the device), so the layer needs no host synchronization.
+    """The layer's launches for ``config`` at ``fp8_scheme`` (None, "tensor", "channel", "block128": block scales
+    of ``shapes.block_shape``), decided from shapes alone (nothing read from the device), so the layer needs no
+    host synchronization.
 
     Raises UserError for a config the scheme or the shapes cannot run; asserts what only a caller's bug gives.
     """
     assert fp8_scheme in QUANT_OF_SCHEME, f"unknown fp8 scheme {fp8_scheme!r}"
     quant = QUANT_OF_SCHEME[fp8_scheme]
     static = shapes.static_scales
-    assert not static or fp8_scheme == "tensor", "static activation scales are per tensor"
-    if quant == QUANT_BLOCK and config.BLOCK_SIZE_K != 128:
-        raise UserError(f"tile config: fp8-block128 needs BLOCK_SIZE_K=128 (one scale block per step), "
-                        f"not {config.BLOCK_SIZE_K}")
+    assert not shapes.act_per_tensor or fp8_scheme == "channel", "act_per_tensor is for channel weight scales"
+    per_tensor = fp8_scheme == "tensor" or shapes.act_per_tensor
+    assert not static or per_tensor, "static activation scales are per tensor"
+    scale_n, scale_k = shapes.block_shape
+    assert all(b >= 16 and b & (b - 1) == 0 for b in shapes.block_shape), "block sides are powers of two >= 16"
+    name = _scheme_name(fp8_scheme, static, shapes.block_shape)
+    if quant == QUANT_BLOCK and config.BLOCK_SIZE_K != scale_k:
+        raise UserError(f"tile config: {name if scale_k != 128 else 'fp8-block128'} needs BLOCK_SIZE_K={scale_k} "
+                        f"(one scale block per step), not {config.BLOCK_SIZE_K}")
     if config.gemm1_quant_x and quant != QUANT_BLOCK:
-        raise UserError(f"tile config: gemm1_quant_x is for fp8-block128, not {_scheme_name(fp8_scheme, static)}")
+        raise UserError(f"tile config: gemm1_quant_x is for fp8-block128, not {name}")
     H, I = shapes.hidden, shapes.intermediate
     if config.gemm1_tma and not tma_rows(H, shapes.weight_bytes):
         raise UserError(f"gemm1_tma: rows of {H} x {shapes.weight_bytes} bytes are not a multiple of 16 (TMA)")
@@ -146,7 +163,6 @@ def launch_plan(config: TileConfig, fp8_scheme: str | None, shapes: LayerShapes,
     T = shapes.slots
     bm = config.BLOCK_SIZE_M
     max_blocks = T if config.direct_route else max_padded_len(T, shapes.experts, bm) // bm
-    per_tensor = fp8_scheme == "tensor"
 
     # GEMM2's top-k sums [M, hidden], which its atomics add into: float32, then cast to the output; with
     # atomic_out the output itself. GEMM1 zeroes them where they are one contiguous block of at most
@@ -165,18 +181,22 @@ def launch_plan(config: TileConfig, fp8_scheme: str | None, shapes: LayerShapes,
     else:
         sums, zero = "rows", "none"
 
-    # h in fp8: at fp8-block128 after a split-K GEMM1 the _swiglu launch writes it with its group scales;
-    # without split-K GEMM1's epilogue does where its tiles are 128 columns wide (a tile row is one group).
+    # h in fp8: with block scales after a split-K GEMM1 the _swiglu launch writes it with its group scales;
+    # without split-K GEMM1's epilogue does where its tiles are one group wide (block_k: a tile row is a group).
     # Static scales without split-K: GEMM1's epilogue writes it at the given scale.
     split = config.split_k
-    group_out = quant == QUANT_BLOCK and split == 1 and config.BLOCK_SIZE_N == 128
+    group_out = quant == QUANT_BLOCK and split == 1 and config.BLOCK_SIZE_N == scale_k
     quant_out = (quant == QUANT_BLOCK and split > 1) or group_out
     static_out = static and split == 1
     grid1 = max_blocks * triton.cdiv(I, config.BLOCK_SIZE_N) * split
     block_n2, n_tiles = config.block_n2, config.gemm2_n_tiles
     block = min(TOPK_SUM_BLOCK, triton.next_power_of_2(H))
     return LaunchPlan(
-        quant=quant, per_tensor=per_tensor, static=static, pdl=config.direct_route and device.pdl,
+        quant=quant, per_tensor=per_tensor, static=static, scale_n=scale_n, scale_k=scale_k,
+        act_scheme="tensor" if per_tensor else fp8_scheme,
+        # A dependent launch reads topk_ids before it waits, as an input of the layer; mapped through expert_map
+        # they are a launch's output, so then no launch is a dependent.
+        pdl=config.direct_route and device.pdl and not shapes.remote_slots,
         round_first=device.interpreting, slots=T, align=not config.direct_route, max_blocks=max_blocks,
         sums=sums, zero=zero, x_quant=x_quant, quantize_x=quant != QUANT_NONE and not x_quant,
         split=split, group_out=group_out, quant_out=quant_out, static_out=static_out,
@@ -186,12 +206,14 @@ def launch_plan(config: TileConfig, fp8_scheme: str | None, shapes: LayerShapes,
         h_fp8=quant_out or static_out, quantize_h=quant != QUANT_NONE and not quant_out and not static_out,
         grid1=grid1, even_k1=H % config.BLOCK_SIZE_K == 0, even_n1=I % config.BLOCK_SIZE_N == 0,
         swiglu=split > 1 and T > 0, swiglu_block_n=min(1024, triton.next_power_of_2(I)),
-        swiglu_block_g=min(8, triton.next_power_of_2(triton.cdiv(I, 128))),
+        swiglu_block_g=min(8, triton.next_power_of_2(triton.cdiv(I, scale_k))),
+        # Rows of h no tile writes (remote slots) are zero where h's per-tensor scale is read from all of h.
+        zero_partials=shapes.remote_slots and split > 1 and per_tensor and not static,
         split2=config.gemm2_split_k, block_n2=block_n2,
         grid2=max_blocks * triton.cdiv(H, block_n2 * n_tiles) * config.gemm2_split_k,
         even_k2=I % config.BLOCK_SIZE_K == 0, even_n2=H % (block_n2 * n_tiles) == 0,
         cast_out=sums == "float32", topk_sum=sums == "rows" and shapes.M > 0, topk_sum_block=block,
-        topk_sum_cols=triton.cdiv(H, block),
+        topk_sum_cols=triton.cdiv(H, block), zero_rows=sums == "rows" and shapes.remote_slots,
     )
 
 
@@ -237,13 +259,31 @@ def fused_moe(
     fp8_scheme: str | None = None,  # None, "tensor", "channel", "block128"
     w13_scale: torch.Tensor | None = None,  # moebench.quant's weight-scale layouts
     w2_scale: torch.Tensor | None = None,
-    act_scale: torch.Tensor | None = None,  # [2] float32 static input scales of GEMM1 and GEMM2 ("tensor" only)
+    act_scale: torch.Tensor | None = None,  # [2] float32 static input scales of GEMM1 and GEMM2 (per tensor)
     compiled: list | None = None,  # if given, the two GEMMs' compiled kernels are appended (ISA inspection)
+    *,
+    act_per_tensor: bool = False,  # "channel" weight scales with one activation scale per tensor
+    block_shape: tuple[int, int] = (128, 128),  # "block128": (block_n, block_k) of the weight scales
+    expert_map: torch.Tensor | None = None,  # [global E] int32: a global id's local expert, -1 on another rank
+    apply_router_weight_on_input: bool = False,  # top-k 1: x times its routed weight before GEMM1
 ) -> torch.Tensor:
-    """The whole MoE layer from routed tokens to the output, with no host synchronization."""
+    """The whole MoE layer from routed tokens to the output, with no host synchronization.
+
+    With ``expert_map`` the ids are global: each maps to its local expert, and a slot of an expert of another
+    rank (-1) gets no tile and adds nothing. With ``apply_router_weight_on_input`` x is multiplied by the
+    routed weight (in x's dtype, before any quantization) and GEMM2's rows by 1."""
     assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1, "last dims must be contiguous"
     assert topk_weights.is_contiguous() and topk_weights.dtype == torch.float32
-    plan = launch_plan(config, fp8_scheme, LayerShapes.of(x, w13, topk_ids, out, act_scale), DeviceFacts.of(x.device))
+    if expert_map is not None:
+        assert expert_map.dtype == torch.int32 and topk_ids.dtype == torch.int32
+        topk_ids = expert_map.index_select(0, topk_ids.reshape(-1)).view(topk_ids.shape)  # [M, topk] local or -1
+    if apply_router_weight_on_input:
+        assert topk_ids.shape[1] == 1, "the routed weight multiplies x only at top-k 1"
+        x = x * topk_weights.to(x.dtype)  # [M, hidden]
+        topk_weights = torch.ones_like(topk_weights)
+    shapes = LayerShapes.of(x, w13, topk_ids, out, act_scale, act_per_tensor=act_per_tensor,
+                            block_shape=tuple(block_shape), remote_slots=expert_map is not None)
+    plan = launch_plan(config, fp8_scheme, shapes, DeviceFacts.of(x.device))
     M, H = x.shape
     I = w13.shape[1] // 2
     T = plan.slots
@@ -269,16 +309,19 @@ def fused_moe(
     else:
         acc = None
     zero = plan.zero == "gemm1"
-    a1, a1_scale = quantize_act(x, fp8_scheme, act_scale[:1] if static else None, pdl=plan.pdl,
-                                zero=acc if plan.zero == "x_quant" else None) if plan.quantize_x else (x, None)
+    a1, a1_scale = quantize_act(x, plan.act_scheme, act_scale[:1] if static else None, pdl=plan.pdl,
+                                zero=acc if plan.zero == "x_quant" else None,
+                                group=plan.scale_k) if plan.quantize_x else (x, None)
     if plan.zero == "launch":
         acc.zero_()
 
     h = torch.empty(T, I, device=x.device, dtype=w2.dtype if plan.h_fp8 else act_dtype)  # [T, I]
-    h_scale = torch.empty(T, triton.cdiv(I, 128), device=x.device, dtype=torch.float32) if plan.quant_out else None
+    h_scale = torch.empty(T, triton.cdiv(I, plan.scale_k), device=x.device, dtype=torch.float32) \
+        if plan.quant_out else None  # [T, groups]
     split = plan.split
-    # Split-K: each split's gate|up partial sums, every entry written by GEMM1 (so not zeroed).
-    gu = h if split == 1 else torch.empty(split, T, 2 * I, device=x.device, dtype=torch.float32)  # [split, T, 2I]
+    # Split-K: each split's gate|up partial sums, every entry of a local slot written by GEMM1 (so not zeroed).
+    partials = torch.zeros if plan.zero_partials else torch.empty
+    gu = h if split == 1 else partials(split, T, 2 * I, device=x.device, dtype=torch.float32)  # [split, T, 2I]
     stride_split = T * 2 * I
     maxima = torch.empty(plan.grid1, device=x.device, dtype=torch.float32) if plan.amax_out else None  # [grid1]
     k1 = _gemm1_swiglu[(plan.grid1,)](
@@ -290,31 +333,31 @@ def fused_moe(
         zero_ptr=acc if zero else None, zero_numel=acc.numel() if zero else 0, ZERO=zero,
         EVEN_K=plan.even_k1, EVEN_N=plan.even_n1,
         w_desc=_weight_descriptor(w13, config) if config.gemm1_tma else None, TMA_W=config.gemm1_tma,
-        amax_ptr=maxima, AMAX_OUT=plan.amax_out, **launch,
+        amax_ptr=maxima, AMAX_OUT=plan.amax_out, SCALE_N=plan.scale_n, **launch,
     )
     if plan.swiglu:
         _swiglu[(T,)](gu, h, h_scale, I, 0 if h_scale is None else h_scale.stride(0), stride_split, SPLIT_K=split,
                       BLOCK_N=plan.swiglu_block_n, QUANT_OUT=plan.quant_out, BLOCK_G=plan.swiglu_block_g,
-                      ROUND_FIRST=plan.round_first, **dep)
+                      ROUND_FIRST=plan.round_first, GROUP=plan.scale_k, **dep)
 
     if plan.quant_out:
-        a2, a2_scale = h, h_scale  # [T, I] fp8, [T, cdiv(I, 128)]
+        a2, a2_scale = h, h_scale  # [T, I] fp8, [T, cdiv(I, block_k)]
     elif plan.static_out:
         a2, a2_scale = h, act_scale[1:]  # [T, I] fp8, [1]
     elif plan.quantize_h:
-        a2, a2_scale = quantize_act(h, fp8_scheme, act_scale[1:] if static else None, pdl=plan.pdl,
-                                    maxima=maxima)  # [T, I] fp8
+        a2, a2_scale = quantize_act(h, plan.act_scheme, act_scale[1:] if static else None, pdl=plan.pdl,
+                                    maxima=maxima, group=plan.scale_k)  # [T, I] fp8
     else:
         a2, a2_scale = h, None
     if plan.sums == "rows":
-        acc = torch.empty(T, H, device=x.device, dtype=act_dtype)  # [T, H], row = slot
+        acc = (torch.zeros if plan.zero_rows else torch.empty)(T, H, device=x.device, dtype=act_dtype)  # [T, H]
     k2 = _gemm2_combine[(plan.grid2,)](
         a2, w2, acc, a2_scale, w2_scale, topk_weights, sorted_ids, expert_ids, num_padded,
         T, plan.max_blocks, H, I, a2.stride(0), w2.stride(0), w2.stride(1), acc.stride(0),
         *_scale_strides(a2_scale, 2, plan.per_tensor), *_scale_strides(w2_scale, 3),
         ATOMIC_SUM=config.atomic_sum, N_TILES=config.gemm2_n_tiles, SPLIT_K=plan.split2, EVEN_K=plan.even_k2,
         EVEN_N=plan.even_n2, COLUMNS_FIRST=config.gemm2_columns_first,
-        PRELOAD=config.gemm2_preload, **{**launch, "BLOCK_N": plan.block_n2},
+        PRELOAD=config.gemm2_preload, SCALE_N=plan.scale_n, **{**launch, "BLOCK_N": plan.block_n2},
     )
     if plan.cast_out:
         out.copy_(acc)

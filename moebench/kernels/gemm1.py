@@ -38,9 +38,9 @@ def _gemm1_swiglu(
     x_ptr,  # [M, K] activations (fp8 when QUANT, unless X_QUANT)
     w_ptr,  # [E, 2N, K] gate rows then up rows
     h_ptr,  # [T, N] output activation, row = token slot; SPLIT_K > 1: [SPLIT_K, T, 2N] float32, gate|up partials
-    h_scale_ptr,  # STATIC_OUT: [1] float32, the static scale fp8 h is written at; GROUP_OUT: [T, cdiv(N, 128)]
-    x_scale_ptr,  # QUANT 1: [M] (stride 0 for one tensor scale); QUANT 2: [M, cdiv(K, 128)]
-    w_scale_ptr,  # QUANT 1: [E, 2N] (stride 0 per tensor); QUANT 2: [E, cdiv(2N, 128), cdiv(K, 128)]
+    h_scale_ptr,  # STATIC_OUT: [1] float32, the static scale fp8 h is written at; GROUP_OUT: [T, cdiv(N, BLOCK_N)]
+    x_scale_ptr,  # QUANT 1: [M] (stride 0 for one tensor scale); QUANT 2: [M, cdiv(K, BLOCK_K)]
+    w_scale_ptr,  # QUANT 1: [E, 2N] (stride 0 per tensor); QUANT 2: [E, cdiv(2N, SCALE_N), cdiv(K, BLOCK_K)]
     sorted_ids_ptr,  # [max_padded] slot ids grouped by expert; == num_slots for padding
     expert_ids_ptr,  # [max_blocks]
     num_padded_ptr,  # [1]
@@ -70,10 +70,10 @@ def _gemm1_swiglu(
     DIRECT: tl.constexpr,
     MERGED: tl.constexpr,  # one MMA per K step over gate and up rows together (gemm1_merged)
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no K mask on the operand loads
-    EVEN_N: tl.constexpr,  # N % BLOCK_N == 0: no column mask on weight loads; one block128 scale per tile (BN <= 128)
+    EVEN_N: tl.constexpr,  # N % BLOCK_N == 0: no column mask on weight loads; one block scale per tile (BN <= SCALE_N)
     PDL: tl.constexpr,  # launched as a programmatic dependent: wait for the previous launch before its data
     STATIC_OUT: tl.constexpr,  # h written in fp8 at a static per-tensor scale (fp8-tensor-static, SPLIT_K == 1)
-    GROUP_OUT: tl.constexpr,  # QUANT 2, BLOCK_N == 128, SPLIT_K == 1: h written in fp8, the tile one 1x128 group
+    GROUP_OUT: tl.constexpr,  # QUANT 2, BLOCK_N == GEMM2's group, SPLIT_K == 1: h in fp8, a tile row one group
     ROUND_FIRST: tl.constexpr,
     X_QUANT: tl.constexpr,  # QUANT 2: x read in its own dtype and quantized in the K loop (x_scale_ptr unused)
     w_desc,  # TMA_W: a tensor descriptor of w13 as [E * 2N, K], blocks [BLOCK_N, BLOCK_K]; else None
@@ -84,6 +84,7 @@ def _gemm1_swiglu(
     TAIL: tl.constexpr,  # an expert's last row tile at BLOCK_M / 2 (or / 4 with 2) rows where its slots fit
     amax_ptr,  # AMAX_OUT: [grid] float32, each program's absolute maximum of the h it wrote (0 where none)
     AMAX_OUT: tl.constexpr,  # SPLIT_K == 1, h not quantized here: for a dynamic per-tensor scale of h
+    SCALE_N: tl.constexpr = 128,  # QUANT 2: weight rows per scale block (the K side is BLOCK_K)
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N, GROUP_M)
     slot, expert, valid = _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, BLOCK_M,
@@ -99,7 +100,7 @@ def _gemm1_swiglu(
                             stride_wn, stride_hm, stride_split, stride_hsm, stride_xsm, stride_xsk, stride_wse,
                             stride_wsn, stride_wsk, w_desc, amax_ptr, TOPK, BLOCK_M >> i, BLOCK_N, BLOCK_K, SWAP_AB,
                             QUANT, SPLIT_K, MERGED, EVEN_K, EVEN_N, STATIC_OUT, GROUP_OUT, ROUND_FIRST, X_QUANT, TMA_W,
-                            AMAX_OUT)
+                            AMAX_OUT, SCALE_N)
     elif AMAX_OUT:
         tl.store(amax_ptr + tl.program_id(0), 0.0)
 
@@ -112,7 +113,7 @@ def _gemm1_tile(slot, expert, pid_n, x_ptr, w_ptr, h_ptr, h_scale_ptr, x_scale_p
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr,
                 SPLIT_K: tl.constexpr, MERGED: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                 STATIC_OUT: tl.constexpr, GROUP_OUT: tl.constexpr, ROUND_FIRST: tl.constexpr, X_QUANT: tl.constexpr,
-                TMA_W: tl.constexpr, AMAX_OUT: tl.constexpr):
+                TMA_W: tl.constexpr, AMAX_OUT: tl.constexpr, SCALE_N: tl.constexpr):
     """One GEMM1 tile of the slots ``slot`` [BLOCK_M] of ``expert``, columns ``pid_n``: its K loop and epilogue
     (the arguments are the kernel's)."""
     row_ok = slot < num_slots
@@ -129,13 +130,13 @@ def _gemm1_tile(slot, expert, pid_n, x_ptr, w_ptr, h_ptr, h_scale_ptr, x_scale_p
         acc_g, acc_u = _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok, pid_n,
                                           offs_k, k_first, k_last, N, K, stride_wn, stride_xsm, stride_xsk,
                                           stride_wse, stride_wsn, stride_wsk, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
-                                          QUANT, EVEN_K, EVEN_N, X_QUANT, ROUND_FIRST)
+                                          QUANT, EVEN_K, EVEN_N, X_QUANT, ROUND_FIRST, SCALE_N)
     else:
         acc_g, acc_u = _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_ok,
                                         pid_n * BLOCK_N, offs_n, n_ok, offs_k, k_first, k_last, N, K, stride_wn,
                                         stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk, BLOCK_M,
                                         BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N, X_QUANT,
-                                        ROUND_FIRST, w_desc, TMA_W)  # [BM, BN] or [BN, BM] each
+                                        ROUND_FIRST, w_desc, TMA_W, SCALE_N)  # [BM, BN] or [BN, BM] each
 
     slot_safe = tl.where(row_ok, slot, 0).to(tl.int64)
     mask = _grid_and(row_ok, n_ok, SWAP_AB)
@@ -145,7 +146,7 @@ def _gemm1_tile(slot, expert, pid_n, x_ptr, w_ptr, h_ptr, h_scale_ptr, x_scale_p
         if STATIC_OUT:  # GEMM2's fp8 input, with no quantization launch
             h = tl.minimum(tl.maximum(h / tl.load(h_scale_ptr), -448.0), 448.0)
             tl.store(h_ptrs, to_fp8(h, h_ptr.dtype.element_ty, ROUND_FIRST), mask=mask)
-        elif GROUP_OUT:  # GEMM2's fp8-block128 input: each token row of the tile is one group
+        elif GROUP_OUT:  # GEMM2's block-scaled fp8 input: each token row of the tile is one group
             h = tl.where(mask, h, 0.0)  # columns past N (with TMA_W, read from other rows) out of the max
             q, scale = quantize_groups_of(h, 0 if SWAP_AB else 1, h_ptr.dtype.element_ty, ROUND_FIRST)  # [BM]
             tl.store(h_ptrs, q, mask=mask)
@@ -190,13 +191,13 @@ def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_o
                      k_first, k_last, N, K, stride_wn, stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
                      QUANT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, X_QUANT: tl.constexpr,
-                     ROUND_FIRST: tl.constexpr, w_desc, TMA_W: tl.constexpr):
+                     ROUND_FIRST: tl.constexpr, w_desc, TMA_W: tl.constexpr, SCALE_N: tl.constexpr):
     """GEMM1's K steps ``[k_first, k_last)`` of one tile as a gate MMA and an up MMA per step:
     the gate and up accumulators, [BM, BN] each ([BN, BM] swapped). ``w_ptr`` is the expert's w13.
 
     With ``EVEN_K`` the loads carry no K mask (``_load_a``); with ``EVEN_N`` too, the weight loads carry
-    no mask at all, and at fp8-block128 the tile's gate (and up) columns lie in one 128-row weight block
-    (BLOCK_N divides 128 and N), so each K step reads one gate and one up scale and scales the product by
+    no mask at all, and with block scales the tile's gate (and up) columns lie in one SCALE_N-row weight block
+    (BLOCK_N divides SCALE_N and N), so each K step reads one gate and one up scale and scales the product by
     a per-token vector: one FMA per element.
 
     ``TMA_W``: the gate and up tiles are read by TMA through ``w_desc`` (rows of w13 as [E * 2N, K]), with
@@ -219,13 +220,15 @@ def _gemm1_loop_pair(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row_o
             b_mask = _grid_and(k_ok, n_ok, SWAP_AB)
             g = _load(g_ptrs, b_mask, EVEN_K and EVEN_N)
             u = _load(u_ptrs, b_mask, EVEN_K and EVEN_N)
-        if QUANT == 2:  # 128x128 blocks: scale each K step's partial product
+        if QUANT == 2:  # SCALE_N x BLOCK_K blocks: scale each K step's partial product
             a, xs = _a_block128(a_ptrs, x_scale_ptr, tok, k, row_ok, k_ok, stride_xsm, stride_xsk,
                                 w_ptr.dtype.element_ty, EVEN_K, SWAP_AB, X_QUANT, ROUND_FIRST)  # xs [BM]
             ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
-            g_scale = _block_scale(xs, ws, n_first, offs_n, n_ok, stride_wsn, EVEN_N and BLOCK_N <= 128, SWAP_AB)
-            u_scale = _block_scale(xs, ws, N + n_first, N + offs_n, n_ok, stride_wsn, EVEN_N and BLOCK_N <= 128,
-                                   SWAP_AB)
+            # one block per tile: passed as an expression, which stays a constexpr (a local does not)
+            g_scale = _block_scale(xs, ws, n_first, offs_n, n_ok, stride_wsn, EVEN_N and BLOCK_N <= SCALE_N, SWAP_AB,
+                                   SCALE_N)
+            u_scale = _block_scale(xs, ws, N + n_first, N + offs_n, n_ok, stride_wsn, EVEN_N and BLOCK_N <= SCALE_N,
+                                   SWAP_AB, SCALE_N)
             acc_g += _mma(a, g, tl.zeros_like(acc_g), SWAP_AB) * g_scale
             acc_u += _mma(a, u, tl.zeros_like(acc_u), SWAP_AB) * u_scale
         else:
@@ -248,7 +251,7 @@ def _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row
                        k_last, N, K, stride_wn, stride_xsm, stride_xsk, stride_wse, stride_wsn, stride_wsk,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
                        QUANT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, X_QUANT: tl.constexpr,
-                       ROUND_FIRST: tl.constexpr):
+                       ROUND_FIRST: tl.constexpr, SCALE_N: tl.constexpr):
     """As ``_gemm1_loop_pair``, with one MMA per K step over a B tile of 2*BLOCK_N weight rows, gate row n
     and up row n side by side ([BM, BK] x [BK, 2BN], swapped [2BN, BK] x [BK, BM]); the accumulator is
     parted into gate and up after the loop (``_halves``)."""
@@ -264,7 +267,7 @@ def _gemm1_loop_merged(a_ptrs, w_ptr, x_scale_ptr, w_scale_ptr, tok, expert, row
         if QUANT == 2:
             a, xs = _a_block128(a_ptrs, x_scale_ptr, tok, k, row_ok, k_ok, stride_xsm, stride_xsk,
                                 w_ptr.dtype.element_ty, EVEN_K, SWAP_AB, X_QUANT, ROUND_FIRST)  # xs [BM]
-            ws = tl.load(w_scale_ptr + expert * stride_wse + k * stride_wsk + (w_rows // 128) * stride_wsn,
+            ws = tl.load(w_scale_ptr + expert * stride_wse + k * stride_wsk + (w_rows // SCALE_N) * stride_wsn,
                          mask=c_ok, other=0.0)  # [2BN]
             acc += _mma(a, b, tl.zeros_like(acc), SWAP_AB) * _grid_mul(xs, ws, SWAP_AB)
         else:
@@ -289,26 +292,27 @@ def _split_sum(gu_ptr, offs, ok, stride_split, SPLIT_K: tl.constexpr):
 
 @triton.jit(do_not_specialize=["stride_split"])
 def _swiglu(gu_ptr, h_ptr, h_scale_ptr, N, stride_hsm, stride_split, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr,
-            QUANT_OUT: tl.constexpr, BLOCK_G: tl.constexpr, ROUND_FIRST: tl.constexpr, PDL: tl.constexpr):
+            QUANT_OUT: tl.constexpr, BLOCK_G: tl.constexpr, ROUND_FIRST: tl.constexpr, PDL: tl.constexpr,
+            GROUP: tl.constexpr = 128):
     """h[r] = silu(gate) * up for one row r per program after a split-K GEMM1, where gate and up are the
     sums over the SPLIT_K slices of ``gu`` [SPLIT_K, T, 2N] of its row's [:N] and [N:].
 
-    With ``QUANT_OUT`` h is written as fp8 with one scale per 1x128 group (GEMM2's fp8-block128
-    input, with no quantization launch of its own), BLOCK_G groups at a time as one [BLOCK_G, 128] tile.
+    With ``QUANT_OUT`` h is written as fp8 with one scale per 1 x GROUP group (GEMM2's block-scaled fp8
+    input, with no quantization launch of its own), BLOCK_G groups at a time as one [BLOCK_G, GROUP] tile.
     """
     row = tl.program_id(0).to(tl.int64)
     dependent.start(PDL)
     if QUANT_OUT:
-        for n in range(0, N, BLOCK_G * 128):
-            groups = n // 128 + tl.arange(0, BLOCK_G)  # [BLOCK_G]
-            offs = groups[:, None] * 128 + tl.arange(0, 128)[None, :]  # [BLOCK_G, 128]
+        for n in range(0, N, BLOCK_G * GROUP):
+            groups = n // GROUP + tl.arange(0, BLOCK_G)  # [BLOCK_G]
+            offs = groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]  # [BLOCK_G, GROUP]
             ok = offs < N
             g = _split_sum(gu_ptr, row * 2 * N + offs, ok, stride_split, SPLIT_K)
             u = _split_sum(gu_ptr, row * 2 * N + N + offs, ok, stride_split, SPLIT_K)
             h = g * tl.sigmoid(g) * u
             q, scale = quantize_groups_of(h, 1, h_ptr.dtype.element_ty, ROUND_FIRST)  # scale [BLOCK_G]
             tl.store(h_ptr + row * N + offs, q, mask=ok)
-            tl.store(h_scale_ptr + row * stride_hsm + groups, scale, mask=groups * 128 < N)
+            tl.store(h_scale_ptr + row * stride_hsm + groups, scale, mask=groups * GROUP < N)
     else:
         for n in range(0, N, BLOCK_N):
             offs = n + tl.arange(0, BLOCK_N)

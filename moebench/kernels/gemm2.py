@@ -35,8 +35,8 @@ def _gemm2_combine(
     h_ptr,  # [T, K] activation from GEMM1 (fp8 when QUANT)
     w_ptr,  # [E, N, K]
     out_ptr,  # ATOMIC_SUM: [M, N] float32 or the output, zeroed, a token's slots add into its row; else [T, N] by slot
-    h_scale_ptr,  # QUANT 1: [T] (stride 0 for one tensor scale); QUANT 2: [T, cdiv(K, 128)]
-    w_scale_ptr,  # QUANT 1: [E, N] (stride 0 per tensor); QUANT 2: [E, cdiv(N, 128), cdiv(K, 128)]
+    h_scale_ptr,  # QUANT 1: [T] (stride 0 for one tensor scale); QUANT 2: [T, cdiv(K, BLOCK_K)]
+    w_scale_ptr,  # QUANT 1: [E, N] (stride 0 per tensor); QUANT 2: [E, cdiv(N, SCALE_N), cdiv(K, BLOCK_K)]
     topk_weights_ptr,  # [T] float32 routed weights, row-major [M, topk]
     sorted_ids_ptr,
     expert_ids_ptr,
@@ -71,6 +71,7 @@ def _gemm2_combine(
     COLUMNS_FIRST: tl.constexpr,  # every row tile of a column chunk before the next (gemm2_columns_first)
     PRELOAD: tl.constexpr,  # DIRECT, N_TILES == 1: the first two K steps' weights loaded before the wait
     TAIL: tl.constexpr,  # as in _gemm1_swiglu
+    SCALE_N: tl.constexpr = 128,  # QUANT 2: weight rows per scale block (the K side is BLOCK_K)
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0) // SPLIT_K, max_pid_m, N, BLOCK_M, BLOCK_N * N_TILES, GROUP_M,
                                 COLUMNS_FIRST)
@@ -89,7 +90,7 @@ def _gemm2_combine(
                             h_ptr, w_ptr, out_ptr, h_scale_ptr, w_scale_ptr, topk_weights_ptr, num_slots, N, K,
                             stride_hm, stride_we, stride_wn, stride_om, stride_hsm, stride_hsk, stride_wse, stride_wsn,
                             stride_wsk, TOPK, BLOCK_M >> i, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, ATOMIC_SUM, N_TILES,
-                            SPLIT_K, EVEN_K, EVEN_N, PRELOAD)
+                            SPLIT_K, EVEN_K, EVEN_N, PRELOAD, SCALE_N)
 
 
 @triton.jit
@@ -98,7 +99,7 @@ def _gemm2_tile(slot, expert, pid_n, b0, b1, h_ptr, w_ptr, out_ptr, h_scale_ptr,
                 stride_wsn, stride_wsk, TOPK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, ATOMIC_SUM: tl.constexpr,
                 N_TILES: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-                PRELOAD: tl.constexpr):
+                PRELOAD: tl.constexpr, SCALE_N: tl.constexpr):
     """One GEMM2 program's tile of the slots ``slot`` [BLOCK_M] of ``expert``, column chunk ``pid_n``: its
     K loop(s) and epilogue(s); ``b0``, ``b1`` the preloaded weights (PRELOAD). The arguments are the kernel's."""
     row_ok = slot < num_slots
@@ -124,14 +125,14 @@ def _gemm2_tile(slot, expert, pid_n, b0, b1, h_ptr, w_ptr, out_ptr, h_scale_ptr,
                                 SWAP_AB)
                     acc = _gemm2_mma(acc, a, b1 if i else b0, k_first + i, n_first, offs_n, offs_n < N, slot_safe,
                                      expert, h_scale_ptr, w_scale_ptr, stride_hsm, stride_hsk, stride_wse,
-                                     stride_wsn, stride_wsk, BLOCK_N, SWAP_AB, QUANT, EVEN_N)
+                                     stride_wsn, stride_wsk, BLOCK_N, SWAP_AB, QUANT, EVEN_N, SCALE_N)
             k_first += 2
             a_ptrs += 2 * BLOCK_K
             b_ptrs += 2 * BLOCK_K
         for k in range(k_first, k_last):
             acc = _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_safe, expert,
                               h_scale_ptr, w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn,
-                              stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N)
+                              stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N, SCALE_N)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
         _gemm2_epilogue(acc, slot_safe, row_ok, offs_n, expert, out_ptr, topk_weights_ptr, h_scale_ptr,
@@ -145,7 +146,7 @@ def _gemm2_tile(slot, expert, pid_n, b0, b1, h_ptr, w_ptr, out_ptr, h_scale_ptr,
             acc = _gemm2_step(acc, a_ptrs + k * BLOCK_K, b_ptrs + (j * BLOCK_N * stride_wn + k * BLOCK_K), k,
                               offs_k, n_first + j * BLOCK_N, offs_n + j * BLOCK_N, row_ok, slot_safe, expert,
                               h_scale_ptr, w_scale_ptr, K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn,
-                              stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N)
+                              stride_wsk, BLOCK_N, BLOCK_K, SWAP_AB, QUANT, EVEN_K, EVEN_N, SCALE_N)
             if k == k_steps - 1:
                 _gemm2_epilogue(acc, slot_safe, row_ok, offs_n + j * BLOCK_N, expert, out_ptr,
                                 topk_weights_ptr, h_scale_ptr, w_scale_ptr, N, stride_om, stride_hsm, stride_wse,
@@ -173,15 +174,16 @@ def _gemm2_preload(w_ptr, expert, valid, pid_n, N, K, stride_we, stride_wn, BLOC
 def _gemm2_step(acc, a_ptrs, b_ptrs, k, offs_k, n_first, offs_n, row_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr,
                 K, N, stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_N: tl.constexpr,
                 BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, EVEN_K: tl.constexpr,
-                EVEN_N: tl.constexpr):
+                EVEN_N: tl.constexpr, SCALE_N: tl.constexpr):
     """acc plus K step ``k`` of one column tile (``a_ptrs`` / ``b_ptrs`` at that step, columns ``offs_n``
-    from ``n_first``); the masks and block128 weight scales as in ``_gemm1_loop_pair``."""
+    from ``n_first``); the masks and block weight scales as in ``_gemm1_loop_pair``."""
     k_ok = offs_k < K - k * BLOCK_K
     n_ok = offs_n < N
     a = _load_a(a_ptrs, row_ok, k_ok, EVEN_K, SWAP_AB)
     b = _load(b_ptrs, _grid_and(k_ok, n_ok, SWAP_AB), EVEN_K and EVEN_N)
     return _gemm2_mma(acc, a, b, k, n_first, offs_n, n_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr,
-                      stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_N, SWAP_AB, QUANT, EVEN_N)
+                      stride_hsm, stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_N, SWAP_AB, QUANT, EVEN_N,
+                      SCALE_N)
 
 
 @triton.jit
@@ -195,12 +197,13 @@ def _gemm2_load_b(b_ptrs, k, offs_k, offs_n, K, N, ok, BLOCK_K: tl.constexpr, SW
 @triton.jit
 def _gemm2_mma(acc, a, b, k, n_first, offs_n, n_ok, slot_safe, expert, h_scale_ptr, w_scale_ptr, stride_hsm,
                stride_hsk, stride_wse, stride_wsn, stride_wsk, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr,
-               QUANT: tl.constexpr, EVEN_N: tl.constexpr):
+               QUANT: tl.constexpr, EVEN_N: tl.constexpr, SCALE_N: tl.constexpr):
     """acc plus K step ``k`` of one column tile from its loaded operand tiles (``_gemm2_step``)."""
     if QUANT == 2:
         hs = tl.load(h_scale_ptr + slot_safe * stride_hsm + k * stride_hsk)  # [BM]
         ws = w_scale_ptr + expert * stride_wse + k * stride_wsk
-        scale = _block_scale(hs, ws, n_first, offs_n, n_ok, stride_wsn, EVEN_N and BLOCK_N <= 128, SWAP_AB)
+        scale = _block_scale(hs, ws, n_first, offs_n, n_ok, stride_wsn, EVEN_N and BLOCK_N <= SCALE_N, SWAP_AB,
+                             SCALE_N)
         return acc + _mma(a, b, tl.zeros_like(acc), SWAP_AB) * scale
     else:
         return _mma(a, b, acc, SWAP_AB)

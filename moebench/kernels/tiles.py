@@ -17,8 +17,8 @@ from moebench.kernels import pdl as dependent
 from moebench.kernels.act_quant import quantize_groups_of
 
 # The kernels' QUANT: no fp8; one scale per token row of A and per output column of B, applied once after
-# the K loop (the per-tensor scheme passes one scale with stride 0); 128x128 weight blocks and 1x128
-# activation groups, applied at every K step (BLOCK_K = 128).
+# the K loop (a per-tensor scale passes one value with stride 0); weight blocks of SCALE_N x SCALE_K
+# (128x128 by default) and 1 x SCALE_K activation groups, applied at every K step (BLOCK_K = SCALE_K).
 QUANT_NONE, QUANT_ROWCOL, QUANT_BLOCK = 0, 1, 2
 QUANT_OF_SCHEME = {None: QUANT_NONE, "tensor": QUANT_ROWCOL, "channel": QUANT_ROWCOL, "block128": QUANT_BLOCK}
 
@@ -81,7 +81,7 @@ def _load_a(a_ptrs, row_ok, k_ok, EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr):
 @triton.jit
 def _a_block128(a_ptrs, x_scale_ptr, tok, k, row_ok, k_ok, stride_xsm, stride_xsk, fp8_dtype: tl.constexpr,
                 EVEN_K: tl.constexpr, SWAP_AB: tl.constexpr, X_QUANT: tl.constexpr, ROUND_FIRST: tl.constexpr):
-    """fp8-block128 K step ``k``: the token rows in fp8 and their 1x128 group scales [BM].
+    """fp8 block-scaled K step ``k``: the token rows in fp8 and their 1 x BLOCK_K group scales [BM].
 
     ``X_QUANT`` (``gemm1_quant_x``, with a tile per slot): the rows are read in x's dtype and quantized
     here by ``act_quant.quantize_groups_of``, as the quantization launch does (the same bits), so x needs no
@@ -96,15 +96,16 @@ def _a_block128(a_ptrs, x_scale_ptr, tok, k, row_ok, k_ok, stride_xsm, stride_xs
 
 
 @triton.jit
-def _block_scale(xs, ws, n_first, offs_n, n_ok, stride_wsn, ONE_BLOCK: tl.constexpr, SWAP_AB: tl.constexpr):
-    """fp8-block128: the scale of one K step's product, the token rows' group scales ``xs`` [BM] times the
-    weight-block scale of each column (``ws``: the expert's scales at this K step, a row per 128 weight
-    rows). With ``ONE_BLOCK`` the tile's columns from ``n_first`` lie in one block (EVEN_N, BLOCK_N <= 128):
+def _block_scale(xs, ws, n_first, offs_n, n_ok, stride_wsn, ONE_BLOCK: tl.constexpr, SWAP_AB: tl.constexpr,
+                 SCALE_N: tl.constexpr):
+    """fp8 block scales: the scale of one K step's product, the token rows' group scales ``xs`` [BM] times the
+    weight-block scale of each column (``ws``: the expert's scales at this K step, a row per SCALE_N weight
+    rows). With ``ONE_BLOCK`` the tile's columns from ``n_first`` lie in one block (EVEN_N, BLOCK_N <= SCALE_N):
     one weight scale, so a per-token vector; else one per column ``offs_n``, masked by ``n_ok``."""
     if ONE_BLOCK:
-        return _per_token(xs * tl.load(ws + (n_first // 128) * stride_wsn), SWAP_AB)
+        return _per_token(xs * tl.load(ws + (n_first // SCALE_N) * stride_wsn), SWAP_AB)
     else:
-        return _grid_mul(xs, tl.load(ws + (offs_n // 128) * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
+        return _grid_mul(xs, tl.load(ws + (offs_n // SCALE_N) * stride_wsn, mask=n_ok, other=0.0), SWAP_AB)
 
 
 @triton.jit
@@ -168,7 +169,8 @@ def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots
     (the used length first) ahead of every program's first operand load.
 
     ``DIRECT`` (no align step): row tile ``pid_m`` is token slot ``pid_m`` alone, in its first row,
-    and ``expert_ids_ptr`` is ``topk_ids`` flattened ``[T]``.
+    and ``expert_ids_ptr`` is ``topk_ids`` flattened ``[T]``; a slot of expert -1 (an expert of another
+    rank, ``expert_map``) is not valid. The align step leaves such slots out of its tiles.
 
     ``PDL`` (a dependent launch, ``kernels/pdl.py``): the align's output comes from earlier launches, so
     the program waits before loading it; ``topk_ids`` is an input of the layer, so with ``DIRECT`` the
@@ -180,6 +182,7 @@ def _tile_slots(pid_m, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots
         valid = pid_m < num_slots
         slot = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_slots)  # [BLOCK_M]; one real row
         expert = tl.load(expert_ids_ptr + pid_m, mask=valid, other=0).to(tl.int64)
+        valid = valid & (expert >= 0)
         if WAIT_DIRECT:
             dependent.wait(PDL)
     else:

@@ -34,7 +34,8 @@ def check_run(run: RunFn, problem: Problem, inputs: MoEInputs, ref: torch.Tensor
     out.fill_(float("nan"))
     run(out)
     if ref is None:
-        ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids)
+        ref = moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids,
+                            expert_map=inputs.expert_map)
     if not torch.isfinite(out).all():
         return Check(False, float("inf"))
     rel = (torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()

@@ -95,9 +95,11 @@ class Floor:
     flops: int
 
 
-def floor(problem: Problem, experts_touched: int, ceilings: Ceilings) -> Floor:
-    """The slower of moving the point's fewest bytes at the memory ceiling and its FLOPs at its dtype's rate."""
+def floor(problem: Problem, experts_touched: int, ceilings: Ceilings, flops: int | None = None) -> Floor:
+    """The slower of moving the point's fewest bytes at the memory ceiling and its FLOPs (``flops``, else
+    ``problem.flops``: every slot's) at its dtype's rate."""
     nbytes = problem.min_bytes(experts_touched)
+    flops = problem.flops if flops is None else flops
     mem_us = nbytes / (ceilings.mem_gbps * 1e9) * 1e6
-    cmp_us = problem.flops / (ceilings.matmul_tflops(problem.dtype) * 1e12) * 1e6
-    return Floor(max(mem_us, cmp_us), "memory" if mem_us >= cmp_us else "compute", nbytes, problem.flops)
+    cmp_us = flops / (ceilings.matmul_tflops(problem.dtype) * 1e12) * 1e6
+    return Floor(max(mem_us, cmp_us), "memory" if mem_us >= cmp_us else "compute", nbytes, flops)

@@ -58,6 +58,14 @@ class MoEPath(Protocol):
         """The untuned tile config (tunable paths only)."""
 
 
+def no_expert_map(problem: Problem, what: str) -> str | None:
+    """Why a path that takes no expert_map (``what`` names it) cannot run ``problem``, or None."""
+    if problem.shape.mapped:
+        return (f"{what} takes no expert_map: an EP layer with global top-k ids over {problem.shape.routed_experts} "
+                "experts (sweep --ep-map) runs on the triton and torch paths")
+    return None
+
+
 def triton_supports(problem: Problem, target: Target) -> str | None:
     """Why moebench's Triton kernels (either form) cannot run ``problem`` on ``target``, or None."""
     if problem.dtype == "bf16" and target.interpreter:

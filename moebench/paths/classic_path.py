@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from moebench.kernels.classic import check_config, classic_moe, default_config
-from moebench.paths.base import Target, triton_supports
+from moebench.paths.base import Target, no_expert_map, triton_supports
 from moebench.problem import MoEInputs, Problem
 from moebench.tile import TileConfig
 
@@ -21,7 +21,7 @@ class ClassicPath:
     graph_safe = True
 
     def supports(self, problem: Problem, target: Target) -> str | None:
-        return triton_supports(problem, target)
+        return no_expert_map(problem, "the engines' kernel form (triton-classic)") or triton_supports(problem, target)
 
     def default_config(self, problem: Problem) -> TileConfig:
         return default_config(problem.M, problem.shape.experts, problem.spec.fp8_scheme)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from moebench.paths.base import Target
+from moebench.paths.base import Target, no_expert_map
 from moebench.problem import MoEInputs, Problem
 from moebench.quant import quantize_rows, quantize_static, quantize_tensor
 from moebench.tile import TileConfig
@@ -85,6 +85,8 @@ class CutlassPath:
     graph_safe = True
 
     def supports(self, problem: Problem, target: Target) -> str | None:
+        if why := no_expert_map(problem, "the cutlass path"):
+            return why
         if not target.is_sm90:
             return "the cutlass path needs an sm90 (Hopper) GPU: torch._grouped_mm's CUTLASS kernels"
         if problem.dtype == "fp8-block128":

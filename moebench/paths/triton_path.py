@@ -20,18 +20,20 @@ class TritonPath:
         return triton_supports(problem, target)
 
     def default_config(self, problem: Problem) -> TileConfig:
-        s, spec = problem.shape, problem.spec
-        return default_config(problem.M, s.experts, s.topk, spec.weight_bytes, spec.fp8_scheme)
+        s, spec = problem.shape, problem.spec  # sized by the slots per expert: per global one under an expert_map
+        return default_config(problem.M, s.routed_experts, s.topk, spec.weight_bytes, spec.fp8_scheme)
 
     def prepare(self, inputs: MoEInputs, problem: Problem, config: TileConfig | None):
         cfg = config or self.default_config(problem)
         w = inputs.weights
         # A config the scheme or the shapes cannot run is refused here, once, not at the first launch.
-        launch_plan(cfg, w.fp8_scheme, LayerShapes.of(inputs.x, w.w13, inputs.topk_ids, act_scale=w.act_scale),
-                    DeviceFacts.of(inputs.x.device))
+        shapes = LayerShapes.of(inputs.x, w.w13, inputs.topk_ids, act_scale=w.act_scale,
+                                remote_slots=inputs.expert_map is not None)
+        launch_plan(cfg, w.fp8_scheme, shapes, DeviceFacts.of(inputs.x.device))
 
         def run(out: torch.Tensor) -> None:
             fused_moe(inputs.x, w.w13, w.w2, inputs.topk_weights, inputs.topk_ids, cfg, out=out,
-                      fp8_scheme=w.fp8_scheme, w13_scale=w.w13_scale, w2_scale=w.w2_scale, act_scale=w.act_scale)
+                      fp8_scheme=w.fp8_scheme, w13_scale=w.w13_scale, w2_scale=w.w2_scale, act_scale=w.act_scale,
+                      expert_map=inputs.expert_map)
 
         return run

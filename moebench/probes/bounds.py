@@ -74,6 +74,9 @@ def load_points(runs: Sequence[Path | str], path: str = "triton") -> tuple[pd.Da
             warnings.append(w)
         warnings += df.attrs.get("warnings", [])  # a last row cut short, left out
         refuse_interpreter_run(run, meta, df)
+        if "global_experts" in df.columns and df["global_experts"].notna().any():
+            raise UserError(f"{run} has rows run through an expert_map (sweep --ep-map): bounds takes layers whose "
+                            "ids are local (its dense GEMMs and floor would count other ranks' slots)")
         frames.append(df.assign(run=str(run)))
     return choose_points(pd.concat(frames, ignore_index=True), path, ", ".join(map(str, runs))), warnings
 

@@ -24,13 +24,24 @@ from moebench.store.runfolder import META_FILE, ROWS_FILE, run_status
 # What a row is a measurement of: its point and (below) its tile config. Two rows with one identity are one
 # measurement twice; a resumed run skips the identities its folder has.
 IDENTITY_COLUMNS = ("model", "experts", "hidden", "intermediate", "topk", "dtype", "M", "path", "routing", "seed")
+# Columns added since, part of the identity only where a row sets them: a row without them (every row written
+# before they existed) keeps its identity, and a stopped run its request key.
+SET_IDENTITY_COLUMNS = ("global_experts",)
 
 
 def row_identity(row: dict) -> tuple:
     """The identity of a row (a dict as written to rows.jsonl, or as ``Row.as_dict`` gives it): the values of
-    ``IDENTITY_COLUMNS`` and the tile config as canonical JSON (None where the path has none)."""
+    ``IDENTITY_COLUMNS``, the tile config as canonical JSON (None where the path has none), then (name, value)
+    of each of ``SET_IDENTITY_COLUMNS`` the row sets."""
     config = row.get("config")
-    return (*(row.get(c) for c in IDENTITY_COLUMNS), None if config is None else json.dumps(config, sort_keys=True))
+    extra = tuple((c, row[c]) for c in SET_IDENTITY_COLUMNS if _is_set(row.get(c)))
+    return (*(row.get(c) for c in IDENTITY_COLUMNS), None if config is None else json.dumps(config, sort_keys=True),
+            *extra)
+
+
+def _is_set(value) -> bool:
+    """Neither None nor NaN (a missing value of a DataFrame's column)."""
+    return value is not None and value == value
 
 
 def request_key(obj) -> str:
@@ -44,18 +55,24 @@ def _last_written(run_dir: Path) -> int:
     return max((p.stat().st_mtime_ns for p in (run_dir / META_FILE, run_dir / ROWS_FILE) if p.exists()), default=0)
 
 
-def find_resumable(out_base: Path, key: str) -> Path | None:
-    """The run folder under ``out_base`` that a new start of the request ``key`` continues: the newest folder
-    of that request (the last written), unless it is complete (the request ran through; a new start is a new
-    run). UserError where that folder's process still runs on this host: it owns the folder."""
+def _runs_of(out_base: Path, key: str) -> list[tuple[int, str, Path, dict]]:
+    """The run folders under ``out_base`` of the request ``key``: (last written, name, folder, meta) each."""
     found = []
     for meta_path in Path(out_base).glob(f"*/{META_FILE}"):
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            continue  # not a run folder this can resume
+            continue  # not a run folder of any request
         if isinstance(meta, dict) and meta.get("request") == key:
             found.append((_last_written(meta_path.parent), meta_path.parent.name, meta_path.parent, meta))
+    return found
+
+
+def find_resumable(out_base: Path, key: str) -> Path | None:
+    """The run folder under ``out_base`` that a new start of the request ``key`` continues: the newest folder
+    of that request (the last written), unless it is complete (the request ran through; a new start is a new
+    run). UserError where that folder's process still runs on this host: it owns the folder."""
+    found = _runs_of(out_base, key)
     if not found:
         return None
     *_, run_dir, meta = max(found, key=lambda f: f[:2])
@@ -66,6 +83,13 @@ def find_resumable(out_base: Path, key: str) -> Path | None:
         raise UserError(f"{run_dir} is being written by process {meta.get('pid')} on this machine; "
                         "wait for it or stop it (--fresh starts a new folder)")
     return run_dir
+
+
+def newest_complete(out_base: Path, key: str) -> Path | None:
+    """The newest run folder under ``out_base`` of the request ``key`` that ran through (status complete), or
+    None: what a caller that needs only a finished run's result reads instead of running it again."""
+    done = [f for f in _runs_of(out_base, key) if run_status(f[3]) == "complete"]
+    return max(done, key=lambda f: f[:2])[2] if done else None
 
 
 class Interrupted(KeyboardInterrupt):

@@ -57,7 +57,7 @@ class Row:
     pct_of_floor: float | None = None  # 100 * floor_us / time_us
     tflops: float | None = None
     gbps: float | None = None
-    flops: int | None = None  # 2 * M * topk * 3 * I * hidden
+    flops: int | None = None  # 2 * M * topk * 3 * I * hidden; with global_experts, of the local slots drawn
     bytes: int | None = None  # Problem.min_bytes of the experts touched
     experts_touched: int | None = None
     # where and how
@@ -69,8 +69,12 @@ class Row:
     phase: str | None = None  # one of PHASES
     failure: str | None = None  # one of FAILURES, where a candidate has no time
     # where a tunable path's config came from: a table ('configs:'/'env:'/'shipped:' + file @M=key, see
-    # moebench.tables.lookup), 'heuristic' (the path's untuned default), 'pinned', or 'candidate' (sweep --tune)
+    # moebench.tables.lookup), 'heuristic' (the path's untuned default), 'pinned', or 'tuned' (sweep --tune;
+    # 'candidate' in older runs)
     config_source: str | None = None
+    # expert parallelism through an expert_map (sweep --ep-map): the experts the top-k ids range over, of which
+    # the point's rank holds ``experts`` (global ids 0..experts-1); None: the ids are local (no map)
+    global_experts: int | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -89,7 +93,8 @@ class Row:
         return cls(
             model=s.name, experts=s.experts, hidden=s.hidden, intermediate=s.intermediate, topk=s.topk,
             moe_layers=s.moe_layers, M=problem.M, dtype=problem.dtype, path=path_name, routing=problem.routing,
-            seed=problem.seed, flops=problem.flops, device_name=device_name(), interpreter=target.interpreter,
+            seed=problem.seed, flops=None if s.mapped else problem.flops, device_name=device_name(),
+            interpreter=target.interpreter, global_experts=s.routed_experts if s.mapped else None,
         )
 
     @classmethod
@@ -161,7 +166,7 @@ _META_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
     "schema_version": ((int,), True), "status": ((str,), True), "kind": ((str,), True),
     "interpreter": ((bool,), True), "tune": ((bool,), True), "ceilings": ((dict,), True),
     "pid": ((int,), True), "requests": ((int,), True), "startup_runs": ((int,), True),
-    "resumed": ((list,), False), "summary": ((dict,), True), "tuning": ((dict,), True),
+    "resumed": ((list,), False), "summary": ((dict,), True), "tuning": ((dict,), True), "ep_map": ((dict,), True),
     "wall_s": ((int, float), True), "wall_s_by_start": ((list,), False),
     **{k: ((str,), True) for k in ("git_commit", "timing_method", "count_method", "sweep", "started", "finished",
                                    "device_name", "gpu_name", "triton", "torch", "host", "distribution", "error",

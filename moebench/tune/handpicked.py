@@ -1,4 +1,4 @@
-"""The hand-picked tile-config candidates of one point: what ``sweep --tune`` and ``isa`` try.
+"""The hand-picked tile-config candidates of one point: the tune's known seeds (``tune.seeds``) and what ``isa`` tries.
 
 The token tile height follows the average slots per expert (``M * topk / E``),
 as in ``tile.default_config``; around it a handful of shapes that do well on
@@ -116,10 +116,10 @@ def candidates(problem: Problem, swap_ab: tuple[bool, ...] = (False, True),
     preload, tail tiles)."""
     limits = limits or DeviceLimits.current()
     s, spec = problem.shape, problem.spec
-    per_expert = problem.M * s.topk / s.experts
+    per_expert = problem.M * s.topk / s.routed_experts  # under an expert_map, slots per global expert
     # A tile per slot reads an expert's weights once per slot routed to it, so only where few slots share
     # an expert: with uniform routing about T / 2E of the T slots do, at most 1 in 8 here.
-    direct = (False, True) if 4 * problem.M * s.topk <= s.experts else (False,)
+    direct = (False, True) if 4 * problem.M * s.topk <= s.routed_experts else (False,)
     out: dict[tuple, TileConfig] = {}
     for base in _shapes(per_expert):
         cfg = fit_stages(_for_dtype(base, spec), spec.weight_bytes, limits)

@@ -2,10 +2,11 @@
 
 For every path, its untuned default (``path.default_config``), so a tune screens what the path runs without a
 table and chooses nothing slower by its screens. For moebench's kernel (``triton``), also the hand-picked
-candidates of ``sweep --tune`` (``handpicked.candidates``): the configs its H200 sweeps found best, with the own
-fields the cost model does not rank. Seeds are screened at their own M only (they are many per M and differ by
-M); the search's climb and its borrowing from neighbouring M carry a good seed further. On the Triton
-interpreter only the default is a seed: its times say nothing of a GPU's, and each config costs seconds there.
+candidates (``handpicked.candidates``, which ``sweep --tune`` once ran one by one): the configs its H200 sweeps
+found best, with the own fields the cost model does not rank. Seeds are screened at their own M only (they are
+many per M and differ by M); the search's climb and its borrowing from neighbouring M carry a good seed further.
+On the Triton interpreter only the default is a seed: its times say nothing of a GPU's, and each config costs
+seconds there.
 """
 
 from __future__ import annotations
