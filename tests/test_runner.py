@@ -15,6 +15,7 @@ import torch
 from moebench._interpret import interpreting
 from moebench.bench.spec import Block, SweepSpec
 from moebench.bench.sweep import run_sweep
+from moebench.bench.tuned import INTERPRETER_OPTIONS
 from moebench.measure.timer import WALLCLOCK, Timing
 from moebench.models import get_model
 from moebench.paths.base import Target
@@ -62,7 +63,7 @@ def test_a_tuned_sweep_runs_each_point_once_with_the_fastest_its_tune_timed(tmp_
     """The tune is asked once per (path, shape, dtype) the path can run, over the sweep's M; each point then
     runs one checked, timed row with the fastest of the tune's choice, default and known seed (the known seed
     at M=1, the choice at M=2); bf16, refused on the interpreter, gets one typed row and no tune. A second start
-    reads the finished tune instead of tuning again."""
+    reads the finished tune instead of tuning again. On the interpreter the tune's search is the short one."""
     import moebench.measure.point as point
 
     monkeypatch.setattr(point, "time_wallclock", once)
@@ -71,6 +72,7 @@ def test_a_tuned_sweep_runs_each_point_once_with_the_fastest_its_tune_timed(tmp_
     meta, df = load_run(run_sweep(spec, tmp_path / "out"))
     (request,) = stand_in_tune
     assert (request.path, request.shape, request.dtype, request.ms) == ("triton", tiny, "fp16", (1, 2))
+    assert request.options == INTERPRETER_OPTIONS  # the interpreter's short search
     assert meta["tune"] is True and meta["tune_runs"] == ["tune-1"] and meta["status"] == "complete"
     fp16 = df[df["dtype"] == "fp16"].set_index("M")
     assert [TileConfig.from_dict(fp16.loc[m, "config"]) for m in (1, 2)] == [KNOWN, CHOICE]

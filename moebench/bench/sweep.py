@@ -20,7 +20,7 @@ import torch
 import triton
 
 from moebench.bench.spec import SweepSpec
-from moebench.bench.tuned import Pins, tune_pins
+from moebench.bench.tuned import INTERPRETER_OPTIONS, Pins, tune_pins
 from moebench.environment import describe, device_name
 from moebench.errors import UserError, one_line
 from moebench.measure.point import Check, check_run, incorrect, time_run
@@ -204,7 +204,8 @@ def _ep_map(spec: SweepSpec) -> dict | None:
 def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dict], None] | None = None,
               on_start: Callable[[int], None] | None = None, compile_jobs: int | None = None,
               on_note: Callable[[str], None] | None = None, configs: Pinned | None = None, resume: bool = True,
-              on_resume: Callable[[Path, dict], None] | None = None) -> Path:
+              on_resume: Callable[[Path, dict], None] | None = None,
+              on_tune: Callable[[str, int, int], None] | None = None) -> Path:
     """Run every point of ``spec`` (or of a plan ``validate`` built); return the run folder. ``on_start`` is
     told how many rows are left to run, ``on_row`` sees each row as it is written. ``configs`` pins the tile
     config of the tunable paths at the points it names ((model, dtype, M), as rows name them), in place of the
@@ -212,7 +213,8 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
 
     A tuned sweep first tunes its tunable points not pinned (``bench.tuned.tune_pins``: ``moebench tune``'s
     search per path, shape and dtype over the sweep's M, its run folders under ``out_base``, a finished one of the
-    same request read again; ``compile_jobs`` and ``on_note`` go to it) and runs each point once with the config
+    same request read again; ``compile_jobs``, ``on_note`` and, as ``on_progress``, ``on_tune`` go to it; on the
+    interpreter its search is cut short: ``INTERPRETER_OPTIONS``) and runs each point once with the config
     chosen; meta.json names the tunes' folders (``tune_runs``).
 
     With ``resume``, a stopped run of the same request (``sweep_request``) under ``out_base`` is continued in
@@ -230,7 +232,8 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
     tune_runs: list[Path] = []
     if spec.tune:
         todo = [(p.problem, p.path_name) for p in plan.points if p.reason is None and p.source == "tuned"]
-        tuned, tune_runs = tune_pins(todo, out_base, compile_jobs=compile_jobs, on_note=on_note)
+        tuned, tune_runs = tune_pins(todo, out_base, compile_jobs=compile_jobs, on_note=on_note, on_progress=on_tune,
+                                     options=INTERPRETER_OPTIONS if target.interpreter else ())
         plan = SweepPlan.build(spec, target, plan.pinned, plan.configs_dir, tuned)
     request = request_key(sweep_request(plan))
     resumable = find_resumable(out_base, request) if resume else None  # refuses a folder a live process writes

@@ -21,6 +21,10 @@ from moebench.tile import TileConfig
 
 Pins = dict[tuple[str, str, int, str], TileConfig]  # (model, dtype, M, path) -> the config the point runs
 
+# On the Triton interpreter a tuned sweep shows the workflow and checks what it runs, but its times are no GPU's:
+# the fast search is cut to each M's seeds and the model's first config, no climb, one final re-time.
+INTERPRETER_OPTIONS = (("top", 1), ("per_shape", 0), ("climbs", 0), ("final", 1))
+
 
 def requests(problems: list[tuple[Problem, str]], options: tuple[tuple[str, int], ...] = ()) -> list:
     """One ``TuneRequest`` per (path, shape, dtype, routing, seed) among ``problems`` ((problem, path name) of the
@@ -51,14 +55,13 @@ def fastest_of_best(best: dict) -> dict[int, TileConfig]:
 
 def tune_pins(problems: list[tuple[Problem, str]], out_base: Path, *, compile_jobs: int | None = None,
               options: tuple[tuple[str, int], ...] = (), on_note: Callable[[str], None] | None = None,
-              tune: Callable | None = None) -> tuple[Pins, list[Path]]:
+              on_progress: Callable[[str, int, int], None] | None = None) -> tuple[Pins, list[Path]]:
     """Tune every tunable (path, shape, dtype) of ``problems`` under ``out_base`` (a finished tune of the same
-    request there is read, not run again) and return the configs to pin and the tune run folders. ``tune``
-    replaces ``tune.run.tune`` (tests)."""
+    request there is read, not run again) and return the configs to pin and the tune run folders; ``on_note``
+    hears which tune starts, ``on_progress`` its phases (as ``moebench tune``'s bar does)."""
     from moebench.tune.run import BEST_FILE
     from moebench.tune.run import tune as run_tune
 
-    tune = tune or run_tune
     pins: Pins = {}
     folders = []
     for request in requests(problems, options):
@@ -67,7 +70,7 @@ def tune_pins(problems: list[tuple[Problem, str]], out_base: Path, *, compile_jo
             if on_note:
                 ms = ",".join(map(str, request.ms))
                 on_note(f"tuning {request.path} {request.shape.name} {request.dtype} at M={ms}")
-            folder = tune(request, out_base, compile_jobs=compile_jobs).run_dir
+            folder = run_tune(request, out_base, compile_jobs=compile_jobs, on_progress=on_progress).run_dir
         best = json.loads((Path(folder) / BEST_FILE).read_text(encoding="utf-8"))
         for m, config in fastest_of_best(best).items():
             pins[(request.shape.name, request.dtype, m, request.path)] = config

@@ -82,7 +82,12 @@ def print_tables(df, fmt: str, out, which: str | None = None, traces=(), tuned=N
                    "git commit of its run, where the runs named differ). GPU runs only.")
 @click.option("--html", "html_out", type=GivenPath(path_type=Path, dir_okay=False), default=None,
               help="Also write one self-contained HTML page (charts, tables, machine, ceilings, method).")
-def report(runs, fmt, which, gains, html_out):
+@click.option("--peer", "peer_file", type=GivenPath(path_type=Path, dir_okay=False), default=None,
+              help="Instead: each triton point against another kernel's times on the same points (JSON Lines of "
+                   "model, dtype, M and a time in us), speedup = peer / run, and their geometric mean.")
+@click.option("--peer-field", default="time_us", show_default=True,
+              help="With --peer: the field of each line that holds the peer's time in us (e.g. vllm_gemms_us).")
+def report(runs, fmt, which, gains, html_out, peer_file, peer_field):
     """Print the tables of one or more run folders (rows taken together; each row keeps the floor of its
     own run's ceilings). A folder of run folders (a baseline) counts as its runs."""
     from moebench.errors import UserError
@@ -95,6 +100,9 @@ def report(runs, fmt, which, gains, html_out):
 
         write_html(loaded, html_out)
         note(f"report page: {html_out}")
+    if peer_file is not None:
+        _peer(df, peer_file, peer_field, fmt, runs)
+        return
     if not gains:
         from moebench.report.tuned import tuned_table
 
@@ -113,6 +121,23 @@ def report(runs, fmt, which, gains, html_out):
             out_console().print(f"{len(table)} points: geometric mean {geo:.1f}% of floor, lowest {low:.1f}%")
     else:
         emit(rep.render(table, fmt, "gains"))
+
+
+def _peer(df, peer_file: Path, field: str, fmt: str, runs) -> None:
+    """``report --peer``: the run's triton points against the peer's times (``report.peer``)."""
+    from moebench.errors import UserError
+    from moebench.report import peer as pr
+    from moebench.report import tables as rep
+
+    if rep.is_interpreter_run(df):
+        raise UserError("--peer sets GPU timings side by side; these rows come from the CPU interpreter")
+    peer = pr.read_peer(peer_file, field)
+    table = pr.peer_table(df, peer)
+    if fmt == "table":
+        rep.render(table, "table", f"against {peer_file.name}: {', '.join(map(str, runs))}", console=out_console())
+        out_console().print(pr.summary(table, len(peer)))
+    else:
+        emit(rep.render(table, fmt, "peer"))
 
 
 @click.command()
