@@ -15,13 +15,13 @@ import torch
 from moebench._interpret import interpreting
 from moebench.bench.spec import Block, SweepSpec
 from moebench.bench.sweep import run_sweep
-from moebench.bench.tuned import INTERPRETER_OPTIONS
 from moebench.measure.timer import WALLCLOCK, Timing
 from moebench.models import get_model
 from moebench.paths.base import Target
 from moebench.problem import Problem, make_inputs
 from moebench.store.runfolder import load_run
 from moebench.tile import TileConfig
+from moebench.tune.strategies.fast import INTERPRETER
 
 CHOICE, DEFAULT, KNOWN = (TileConfig(16, 32, 32, 1, 4, 2), TileConfig(16, 64, 32, 1, 4, 2),
                           TileConfig(32, 32, 32, 1, 4, 2))  # what the stand-in tune's best.json holds
@@ -72,7 +72,7 @@ def test_a_tuned_sweep_runs_each_point_once_with_the_fastest_its_tune_timed(tmp_
     meta, df = load_run(run_sweep(spec, tmp_path / "out"))
     (request,) = stand_in_tune
     assert (request.path, request.shape, request.dtype, request.ms) == ("triton", tiny, "fp16", (1, 2))
-    assert request.options == INTERPRETER_OPTIONS  # the interpreter's short search
+    assert request.options == INTERPRETER  # the interpreter's short search
     assert meta["tune"] is True and meta["tune_runs"] == ["tune-1"] and meta["status"] == "complete"
     fp16 = df[df["dtype"] == "fp16"].set_index("M")
     assert [TileConfig.from_dict(fp16.loc[m, "config"]) for m in (1, 2)] == [KNOWN, CHOICE]

@@ -95,19 +95,22 @@ def test_the_default_options_are_in_range():
 
 def test_on_the_interpreter_without_m_it_tunes_the_small_list_and_says_so(tmp_path, monkeypatch):
     """No --m on the interpreter: the tune is asked for the sweep's small M list (1,16,64), not vLLM's 18, and
-    one note line says so once it starts. The tune itself is a stand-in that records its request, starts and
-    stops: what runs after the request is the tune's own tests' business."""
+    without --option for the short search (``fast.INTERPRETER``); a note line says each once it starts. The tune
+    itself is a stand-in that records its request, starts and stops: what runs after the request is the tune's
+    own tests' business."""
     from moebench._interpret import interpreting
     from moebench.bench.spec import INTERPRETER_MS
     from moebench.errors import UserError
     from moebench.tune import run
+    from moebench.tune.strategies.fast import INTERPRETER
 
     if not interpreting():
         pytest.skip("describes a machine without a CUDA GPU")
-    asked = []
+    asked, options = [], []
 
     def stand_in(request, out_base, *, on_progress=None, **_):
         asked.append(request.ms)
+        options.append(request.options)
         on_progress("screen", 0, 1)
         raise UserError("stand-in stops here")
 
@@ -116,8 +119,10 @@ def test_on_the_interpreter_without_m_it_tunes_the_small_list_and_says_so(tmp_pa
     assert [list(ms) for ms in asked] == [list(INTERPRETER_MS)] == [[1, 16, 64]], asked
     said = [line for line in proc.stderr.splitlines() if "in place of vLLM's 18" in line]
     assert len(said) == 1 and "M 1,16,64" in said[0], proc.stderr
+    assert options == [INTERPRETER] and sum("a short search (top=1" in line for line in proc.stderr.splitlines()) == 1
     given = []
-    monkeypatch.setattr(run, "tune", lambda request, out_base, **_: given.append(request.ms) or 1 / 0)
-    with pytest.raises(ZeroDivisionError):  # --m given: kept as it is
-        moebench_in_process("tune", "--model", "tiny", "--no-progress", "--out", str(tmp_path), "--m", "2,3")
-    assert list(given[0]) == [2, 3]
+    monkeypatch.setattr(run, "tune", lambda request, out_base, **_: given.append(request) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # --m and --option given: kept as they are
+        moebench_in_process("tune", "--model", "tiny", "--no-progress", "--out", str(tmp_path), "--m", "2,3",
+                            "--option", "top=3")
+    assert list(given[0].ms) == [2, 3] and given[0].options == (("top", 3),)

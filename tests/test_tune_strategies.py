@@ -174,10 +174,13 @@ def test_the_command_offers_every_strategy_and_its_options():
 
 # --- moebench's kernel: the recorded H200 tunes of the default search --------------------------------------
 
-OWN_RECORDED = Path(__file__).parent / "data" / "h200-own-tune"  # screens of results/h200-own-tune-9b30689
-OWN_RECORDINGS = {
+OWN_RECORDED = Path(__file__).parent / "data" / "h200-own-tune"  # screens of results/h200-own-t*
+OWN_RECORDINGS = {  # results/h200-own-tune-9b30689, then results/h200-own-tables-fca5ebb (compiles overlapped)
     "qwen3-30b-a3b-bf16": (lambda: get_model("qwen3-30b-a3b"), "bf16", 1795),
     "deepseek-v3-tp8-fp8-block128": (lambda: shard(get_model("deepseek-v3"), tp=8), "fp8-block128", 3997),
+    "qwen3-30b-a3b-fp8-block128": (lambda: get_model("qwen3-30b-a3b"), "fp8-block128", 2734),
+    "mixtral-8x7b-bf16": (lambda: get_model("mixtral-8x7b"), "bf16", 2064),  # 8 experts: few slots per expert
+    "gpt-oss-20b-bf16": (lambda: get_model("gpt-oss-20b"), "bf16", 1822),
 }
 H200 = DeviceLimits(sms=132, l2_bytes=60 * 2**20, smem_bytes=227 * 1024)  # as torch reports the H200's
 

@@ -20,7 +20,7 @@ import torch
 import triton
 
 from moebench.bench.spec import SweepSpec
-from moebench.bench.tuned import INTERPRETER_OPTIONS, Pins, tune_pins
+from moebench.bench.tuned import Pins, tune_pins
 from moebench.environment import describe, device_name
 from moebench.errors import UserError, one_line
 from moebench.measure.point import Check, check_run, incorrect, time_run
@@ -35,6 +35,7 @@ from moebench.store.rows import Row
 from moebench.store.runfolder import RunWriter, new_run_dir
 from moebench.tables import lookup
 from moebench.tile import TileConfig
+from moebench.tune.strategies.fast import INTERPRETER
 
 # Failures of a GPU-side kind that become a row, not a crash: out of resources,
 # compile errors, and what CUDA or PyTorch report as RuntimeError.
@@ -214,7 +215,7 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
     A tuned sweep first tunes its tunable points not pinned (``bench.tuned.tune_pins``: ``moebench tune``'s
     search per path, shape and dtype over the sweep's M, its run folders under ``out_base``, a finished one of the
     same request read again; ``compile_jobs``, ``on_note`` and, as ``on_progress``, ``on_tune`` go to it; on the
-    interpreter its search is cut short: ``INTERPRETER_OPTIONS``) and runs each point once with the config
+    interpreter its search is cut short: ``tune.strategies.fast.INTERPRETER``) and runs each point once with the config
     chosen; meta.json names the tunes' folders (``tune_runs``).
 
     With ``resume``, a stopped run of the same request (``sweep_request``) under ``out_base`` is continued in
@@ -233,7 +234,7 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
     if spec.tune:
         todo = [(p.problem, p.path_name) for p in plan.points if p.reason is None and p.source == "tuned"]
         tuned, tune_runs = tune_pins(todo, out_base, compile_jobs=compile_jobs, on_note=on_note, on_progress=on_tune,
-                                     options=INTERPRETER_OPTIONS if target.interpreter else ())
+                                     options=INTERPRETER if target.interpreter else ())
         plan = SweepPlan.build(spec, target, plan.pinned, plan.configs_dir, tuned)
     request = request_key(sweep_request(plan))
     resumable = find_resumable(out_base, request) if resume else None  # refuses a folder a live process writes

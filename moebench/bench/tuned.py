@@ -21,10 +21,6 @@ from moebench.tile import TileConfig
 
 Pins = dict[tuple[str, str, int, str], TileConfig]  # (model, dtype, M, path) -> the config the point runs
 
-# On the Triton interpreter a tuned sweep shows the workflow and checks what it runs, but its times are no GPU's:
-# the fast search is cut to each M's seeds and the model's first config, no climb, one final re-time.
-INTERPRETER_OPTIONS = (("top", 1), ("per_shape", 0), ("climbs", 0), ("final", 1))
-
 
 def requests(problems: list[tuple[Problem, str]], options: tuple[tuple[str, int], ...] = ()) -> list:
     """One ``TuneRequest`` per (path, shape, dtype, routing, seed) among ``problems`` ((problem, path name) of the

@@ -113,8 +113,11 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
         from moebench.bench.spec import INTERPRETER_MS
     counts = INTERPRETER_MS if small_ms else keys_for(weights) if weights and ms is None else token_counts(ms)
     routing = routing if routing in ROUTINGS else captured(routing, shape.experts, shape.topk)
+    short = interpreter and not options and strategy == "fast"  # the interpreter's short search
+    if short:
+        from moebench.tune.strategies.fast import INTERPRETER
     request = TuneRequest(shape, dtype or ("fp16" if interpreter else "bf16"), path_name, counts, strategy,
-                          _options(options), routing=routing, seed=seed, prune=not no_prune,
+                          INTERPRETER if short else _options(options), routing=routing, seed=seed, prune=not no_prune,
                           m_weights=tuple(sorted(weights.items())) if weights else ())
     bar = progress_bar(progress)
     state = {"failures": {}, "first_error": {}, "best": {}, "task": None}
@@ -127,6 +130,9 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
             if small_ms:
                 note(f"No CUDA GPU, so: M {','.join(map(str, request.ms))} in place of vLLM's 18 (the interpreter is "
                      "slow). --m chooses.", "yellow")
+            if short:
+                note("No CUDA GPU, so: a short search (" + " ".join(f"{k}={v}" for k, v in request.options)
+                     + "). --option chooses.", "yellow")
         if state["task"] is None or bar.tasks[state["task"]].description != what:
             state["task"] = bar.add_task(what, total=total, status="")
         bar.update(state["task"], completed=done, total=total, status=_status())

@@ -49,6 +49,11 @@ class Options:
 # model's first two and one per tile shape, and climbs twice from its fastest (a borrow may be at most ``lead``).
 PATH_DEFAULTS = {"triton": dict(top=2, per_shape=1, lead=1, climbs=2, share=0)}
 
+# On the Triton interpreter a tune shows the workflow and checks what it runs, but its times are no GPU's: where
+# no option is given (``moebench tune``, ``sweep --tune``) the search is cut to each M's seeds and the model's
+# first config, no climb, one final re-time (a tiny shape at three M: about half a minute, not five).
+INTERPRETER = (("top", 1), ("per_shape", 0), ("climbs", 0), ("final", 1))
+
 
 def search(cands: Candidates, bench: Bench, opts: Options = Options()) -> dict:
     model = {M: unique(_seeds(cands.ranked(M), opts)) for M in bench.ms}
