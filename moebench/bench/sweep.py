@@ -56,21 +56,19 @@ class PlannedPoint:
 
 
 def _tiles(path: MoEPath, problem: Problem, reason: str | None, tune: bool, pinned: Pinned | None,
-           configs_dir: Path | None = None,
-           tuned: Pins | None = None) -> tuple[tuple[TileConfig | None, ...], str | None]:
+           configs_dir: Path | None = None) -> tuple[tuple[TileConfig | None, ...], str | None]:
     """The tile config a point is run with and where it came from: the one ``pinned`` names for its
-    (model, dtype, M), else the one its tune chose (``tuned``, per path; before the tunes ran, the default stands
-    in), else, for moebench's kernel, the config its tables give at M (``moebench.tables.lookup``: --configs,
-    MOEBENCH_CONFIGS, shipped, else the fitted default, else the heuristic), else the path's default (one row,
-    too, for a point the path cannot run)."""
+    (model, dtype, M), else, in a tuned sweep, the path's default until its tune's choice replaces it
+    (``with_tuned``), else, for moebench's kernel, the config its tables give at M (``moebench.tables.lookup``:
+    --configs, MOEBENCH_CONFIGS, shipped, else the fitted default, else the heuristic), else the path's default (one
+    row, too, for a point the path cannot run)."""
     if not path.tunable or reason:
         return (None,), None
     key = (problem.shape.name, problem.dtype, problem.M)
     if pinned and key in pinned:
         return (pinned[key],), "pinned"
     if tune:
-        chosen = (tuned or {}).get((*key, path.name))
-        return (chosen or path.default_config(problem),), "tuned"
+        return (path.default_config(problem),), "tuned"
     if path.name != "triton":
         return (path.default_config(problem),), "heuristic"
     s = problem.shape
@@ -87,24 +85,31 @@ class SweepPlan:
     spec: SweepSpec
     target: Target
     points: tuple[PlannedPoint, ...]
-    pinned: Pinned | None = None  # what it was built with, for the plan built again after a tuned sweep's tunes
-    configs_dir: Path | None = None
 
     @classmethod
     def build(cls, spec: SweepSpec, target: Target, pinned: Pinned | None = None,
-              configs_dir: Path | None = None, tuned: Pins | None = None) -> SweepPlan:
+              configs_dir: Path | None = None) -> SweepPlan:
         points = []
         for problem, name in spec.points():
             path = get_path(name)
             reason = path.supports(problem, target)
-            tiles, source = _tiles(path, problem, reason, spec.tune, pinned, configs_dir, tuned)
+            tiles, source = _tiles(path, problem, reason, spec.tune, pinned, configs_dir)
             points.append(PlannedPoint(problem, name, reason, tiles, source))
         for name in spec.paths:
             reasons = [p.reason for p in points if p.path_name == name]
             if all(reasons):
                 where = "on this machine (no CUDA GPU)" if target.device.type == "cpu" else "here"
                 raise UserError(f"path '{name}' cannot run any point of this sweep {where}: {reasons[0]}")
-        return cls(spec, target, tuple(points), pinned, configs_dir)
+        return cls(spec, target, tuple(points))
+
+    def with_tuned(self, tuned: Pins) -> SweepPlan:
+        """The plan with each tuned point run with the config its tune chose (``tuned``, by model, dtype, M and
+        path)."""
+        def chosen(p: PlannedPoint) -> PlannedPoint:
+            key = (p.problem.shape.name, p.problem.dtype, p.problem.M, p.path_name)
+            return replace(p, tiles=(tuned[key],)) if p.source == "tuned" and key in tuned else p
+
+        return replace(self, points=tuple(chosen(p) for p in self.points))
 
     @property
     def rows(self) -> int:
@@ -235,7 +240,7 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
         todo = [(p.problem, p.path_name) for p in plan.points if p.reason is None and p.source == "tuned"]
         tuned, tune_runs = tune_pins(todo, out_base, compile_jobs=compile_jobs, on_note=on_note, on_progress=on_tune,
                                      options=INTERPRETER if target.interpreter else ())
-        plan = SweepPlan.build(spec, target, plan.pinned, plan.configs_dir, tuned)
+        plan = plan.with_tuned(tuned)
     request = request_key(sweep_request(plan))
     resumable = find_resumable(out_base, request) if resume else None  # refuses a folder a live process writes
     meta = describe(target.interpreter)

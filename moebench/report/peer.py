@@ -3,7 +3,7 @@ kernel timed on the benchmark points.
 
 A peer file is JSON Lines: one point per line with ``model``, ``dtype``, ``M`` and the peer's time in microseconds
 under ``--peer-field`` (default ``time_us``); lines without them (a header of provenance) are skipped. Each point
-of the run's path (default ``triton``) takes its fastest status-ok row, as the throughput table does, and
+of the run's path (default ``triton``) takes its fastest status-ok row (``tables.best_ok_points``), and
 ``speedup = peer_us / time_us`` (above 1: the run is faster). Times from different runs: read a ratio within a
 few percent as a tie.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from moebench.errors import UserError
+from moebench.report.tables import best_ok_points
 
 KEY = ["model", "dtype", "M"]
 COLUMNS = [*KEY, "time_us", "peer_us", "speedup"]
@@ -48,11 +49,10 @@ def read_peer(path: Path | str, field: str = "time_us") -> pd.DataFrame:
 
 
 def peer_table(df: pd.DataFrame, peer: pd.DataFrame, path: str = "triton") -> pd.DataFrame:
-    """Per point both have: the run's fastest ok time of ``path``, the peer's, and peer / run."""
-    ok = df[(df["path"] == path) & (df["status"] == "ok") & df["time_us"].notna()]
-    if "phase" in ok.columns:  # a tune's screens and back-to-back checks rank candidates; its final re-times stay
-        ok = ok[ok["phase"].map(lambda v: not isinstance(v, str) or v == "final").astype(bool)]
-    best = ok.groupby(KEY, as_index=False)["time_us"].min()
+    """Per point both have: the run's fastest ok time of ``path`` (as the throughput table picks it), the
+    peer's, and peer / run."""
+    best = best_ok_points(df)
+    best = best[(best["path"] == path) & best["time_us"].notna()].groupby(KEY, as_index=False)["time_us"].min()
     both = best.merge(peer, on=KEY, how="inner").sort_values(KEY, kind="stable").reset_index(drop=True)
     return both.assign(speedup=both["peer_us"] / both["time_us"])[COLUMNS]
 

@@ -79,7 +79,7 @@ def _reported_phase(df: pd.DataFrame) -> pd.Series:
     return df["phase"].map(lambda v: not isinstance(v, str) or v == "final").astype(bool)
 
 
-def _best_ok_points(df: pd.DataFrame, checked: bool = False) -> pd.DataFrame:
+def best_ok_points(df: pd.DataFrame, checked: bool = False) -> pd.DataFrame:
     """Status-ok rows, one per (model, dtype, M, path): the fastest where a run holds several.
 
     Several rows per point come from tile configs tried while tuning or from
@@ -106,7 +106,7 @@ def throughput_table(df: pd.DataFrame) -> pd.DataFrame:
     row did, ``attrs["people_columns"]`` names what a rendering for people shows (INTERPRETER_VIEW).
     """
     interp = interpreter_rows(df)
-    best = _best_ok_points(df, checked=bool(interp.any()))
+    best = best_ok_points(df, checked=bool(interp.any()))
     out = best.assign(
         decode_tok_s=best["M"] / (best["moe_layers"] * best["time_us"].astype(float) * 1e-6)
     )
@@ -128,7 +128,7 @@ def prefill_ttft_table(df: pd.DataFrame) -> pd.DataFrame:
     A 1-token layer is no time-to-first-token, and interpreter timings are no GPU time.
     """
     gpu = df[~interpreter_rows(df)]
-    lens = sorted({int(m) for m in _best_ok_points(gpu)["M"] if m >= _PROMPT_MIN})
+    lens = sorted({int(m) for m in best_ok_points(gpu)["M"] if m >= _PROMPT_MIN})
     if not lens:
         return pd.DataFrame(columns=TTFT_COLUMNS)
     return ttft_table(gpu, prompt_lens=lens)
@@ -142,7 +142,7 @@ def ttft_table(df: pd.DataFrame, prompt_lens: list[int] | None = None) -> pd.Dat
     A requested length that no point measured is a UserError (nothing is interpolated);
     a (model, dtype, path) that lacks a requested length has no row for it.
     """
-    best = _best_ok_points(df)
+    best = best_ok_points(df)
     measured = sorted({int(m) for m in best["M"]})
     if prompt_lens is None:
         prompt_lens = [m for m in measured if m >= _PROMPT_MIN] or measured
