@@ -20,7 +20,7 @@ import torch
 from moebench.dtypes import DtypeSpec, get_dtype
 from moebench.errors import UserError
 from moebench.models import MoEShape
-from moebench.quant import quantize_weight, static_act_scales
+from moebench.quant import empty_quantized, quantize_into, static_act_scales
 from moebench.routing import check_routing, route
 
 # Seeds are 0 to 2^32 - 1: numpy's generators take no negative seed, and make_inputs' derived seed
@@ -168,7 +168,8 @@ def rank0_map(shape: MoEShape, device: torch.device | str) -> torch.Tensor | Non
 
 
 def make_weights(shape: MoEShape, dtype: str, seed: int, device: torch.device | str) -> Weights:
-    """Random expert weights scaled so activations stay O(1) through both GEMMs."""
+    """Random expert weights scaled so activations stay O(1) through both GEMMs. FP8 weights are allocated
+    before the bf16 draw's temporaries and quantized one expert at a time (``quant.quantize_into``)."""
     spec = get_dtype(dtype)
     gen = torch.Generator(device=device).manual_seed(seed)
     E, H, I = shape.experts, shape.hidden, shape.intermediate
@@ -177,10 +178,10 @@ def make_weights(shape: MoEShape, dtype: str, seed: int, device: torch.device | 
     w2 = torch.randn(E, H, I, generator=gen, device=device, dtype=build) * I**-0.5
     if not spec.is_fp8:
         return Weights(w13, w2, None, None, None)
+    (q13, s13), (q2, s2) = empty_quantized(w13, spec.fp8_scheme), empty_quantized(w2, spec.fp8_scheme)
     act_scale = static_act_scales(w13, spec.act, gen) if spec.static_act else None
-    q13, s13 = quantize_weight(w13, spec.fp8_scheme)
-    del w13
-    q2, s2 = quantize_weight(w2, spec.fp8_scheme)
+    quantize_into(w13, spec.fp8_scheme, q13, s13)
+    quantize_into(w2, spec.fp8_scheme, q2, s2)
     return Weights(q13, q2, s13, s2, spec.fp8_scheme, act_scale)
 
 

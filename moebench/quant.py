@@ -46,6 +46,37 @@ def quantize_weight(w: torch.Tensor, scheme: str,
     return q, scale
 
 
+def scale_shape(shape: tuple[int, int, int], scheme: str, block: tuple[int, int] = (BLOCK, BLOCK)) -> tuple[int, ...]:
+    """The shape of ``quantize_weight``'s scale for a weight of ``shape`` [E, N, K]."""
+    E, N, K = shape
+    if scheme == "tensor":
+        return (E,)
+    if scheme == "channel":
+        return (E, N)
+    if scheme == "block128":
+        return (E, -(-N // block[0]), -(-K // block[1]))
+    raise ValueError(f"unknown fp8 scheme {scheme!r}")
+
+
+def empty_quantized(w: torch.Tensor, scheme: str,
+                    block: tuple[int, int] = (BLOCK, BLOCK)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialized (fp8 [E, N, K], float32 scale) for ``quantize_into``."""
+    return (torch.empty(w.shape, dtype=FP8, device=w.device),
+            torch.empty(scale_shape(tuple(w.shape), scheme, block), dtype=torch.float32, device=w.device))
+
+
+def quantize_into(w: torch.Tensor, scheme: str, q: torch.Tensor, scale: torch.Tensor,
+                  block: tuple[int, int] = (BLOCK, BLOCK)) -> None:
+    """``quantize_weight(w, scheme)`` written into ``q`` and ``scale`` (of ``empty_quantized``) one expert at a
+    time: the float32 temporaries are one expert's, not the whole tensor's 4 bytes per weight, and outputs
+    allocated before them never sit inside a freed temporary's block of CUDA's caching allocator, where they
+    would keep the whole block from going back to the GPU (compile workers held 8 GiB each that way)."""
+    for e in range(w.shape[0]):
+        qe, se = quantize_weight(w[e : e + 1], scheme, block)
+        q[e].copy_(qe[0])
+        scale[e].copy_(se[0])
+
+
 def dequantize_weight(q: torch.Tensor, scale: torch.Tensor | None, scheme: str | None,
                       block: tuple[int, int] = (BLOCK, BLOCK)) -> torch.Tensor:
     """The float32 value of one expert's weight. q [N, K], scale as above without the E dim."""

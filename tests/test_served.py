@@ -41,6 +41,17 @@ def test_every_preset_but_the_made_up_one_is_served_and_each_table_is_written_on
         ("deepseek", "kimi"))), "a model whose bf16 checkpoint fits on H200s lacks its bf16 entry"
 
 
+def test_each_unserved_entry_is_a_benchmark_point_dtype():
+    """An entry no checkpoint is served in is there for the benchmark points' dtype, and says so."""
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).parent.parent / "sweeps" / "h200-kernels.yaml").read_text())
+    points = {(m, d) for run in spec["runs"] for m in run["models"] for d in run["dtypes"]}
+    extra = [e for e in SERVED if not e.served]
+    assert extra and all((e.model, e.dtype) in points and e.why.startswith("not served") for e in extra)
+    assert not any((e.model, e.dtype) == (x.model, x.dtype) for x in extra for e in SERVED if e.served)
+
+
 def test_the_served_paths_defaults_are_fast_strategy_options():
     """tune-tables runs the default strategy with the path's own defaults: each is an option of it."""
     defaults = fast.PATH_DEFAULTS[PATH]
@@ -49,7 +60,7 @@ def test_the_served_paths_defaults_are_fast_strategy_options():
 
 
 def test_select_filters_by_model_alias_and_dtype():
-    assert [e.dtype for e in select(["mixtral"])] == ["bf16", "fp8-tensor-static"]
+    assert [e.dtype for e in select(["mixtral"])] == ["bf16", "fp8-tensor-static", "fp8-tensor"]
     assert {e.model for e in select([], ["fp8-block128"])} == {"deepseek-v3", "kimi-k2", "qwen3-30b-a3b",
                                                                 "qwen3-235b-a22b"}
     assert select() == list(SERVED)

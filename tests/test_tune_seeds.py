@@ -18,7 +18,7 @@ from moebench.tune.candidates import Candidates
 from moebench.tune.handpicked import candidates as handpicked
 from moebench.tune.prune import OWN_RULES, RULES, Facts, direct_many, quant_x, split_full, tma_rows
 from moebench.tune.replay import ReplayBench
-from moebench.tune.run import TuneRequest, _options
+from moebench.tune.run import CHECK_PASSES, TuneRequest, _options
 from moebench.tune.seeds import known_seeds
 from moebench.tune.served import SERVED
 from moebench.tune.space import VLLM_MS, get_space
@@ -191,9 +191,34 @@ def test_the_choice_the_default_and_the_best_known_seed_are_timed_back_to_back()
     bench = ReplayBench(times, noise=0.0)
     bench.compile(list(chosen.values()) + list(known.values()))  # as the search compiled them
     best, dflt, kn = _against_default(bench, path, problems, chosen, known)
-    assert bench.measured == {"screen": 0, "final": 0, "default": 5}  # 3 at M=1, 2 at M=64 (one config twice)
+    assert bench.measured == {"screen": 0, "final": 0, "default": 5 * CHECK_PASSES}  # 3 at M=1, 2 at M=64 (one
+    # config twice), each pass
     assert best[1].time_us == 80.0 and dflt[1].time_us == 100.0 and kn[1].time_us == 90.0
     assert kn[64].time_us == best[64].time_us == 80.0
     rows = summary_rows(TuneResult(None, best, dflt, known=kn))
     assert [round(r["vs_known"], 3) for r in rows] == [1.125, 1.0]
     assert [r["gain"] for r in rows] == [1.25, 1.25]
+
+
+def test_one_slow_pass_of_the_back_to_back_check_does_not_decide_it():
+    """The check keeps each config's fastest pass: a one-off slow timing of the choice (a 1.7x outlier of the
+    choice at M=1 was recorded on an H200) neither makes it look slower than the default nor reaches the table."""
+    from moebench.tune.run import _against_default
+
+    path = get_path("triton")
+    problems = {1: Problem(QWEN, 1, "bf16")}
+    default = {1: path.default_config(problems[1])}
+    chosen = {1: replace(default[1], atomic_out=True)}
+    times = {(1, default[1].key()): 100.0, (1, chosen[1].key()): 80.0}
+
+    class FirstPassSlow(ReplayBench):
+        def time(self, work, phase):
+            out = super().time(work, phase)
+            if self.measured[phase] <= 2:  # the first pass: the choice's timing is an outlier
+                out[1] = [replace(t, time_us=170.0) if t.config == chosen[1] else t for t in out[1]]
+            return out
+
+    bench = FirstPassSlow(times, noise=0.0)
+    bench.compile(list(chosen.values()))
+    best, dflt, _ = _against_default(bench, path, problems, chosen, {})
+    assert CHECK_PASSES >= 2 and best[1].time_us == 80.0 and dflt[1].time_us == 100.0

@@ -1,7 +1,9 @@
 """The shapes and dtypes each preset is served in, and ``tune_tables``: tune them and write their tables.
 
 ``SERVED`` lists, per preset, the dtypes its published checkpoints run in (bf16, and the fp8 scheme of its
-fp8 checkpoint) at the tensor-parallel degree that fits it on H200s (141 GB each) with room for the KV cache.
+fp8 checkpoint) at the tensor-parallel degree that fits it on H200s (141 GB each) with room for the KV cache,
+and, marked ``served=False``, a dtype of the benchmark points (``sweeps/h200-kernels.yaml``) that no
+checkpoint is served in, so those points run a table tuned the same way too.
 A table is keyed by (experts, per-GPU intermediate size, device, dtype), so another TP degree is another
 table; the lookup falls back to the heuristic there. ``tune_tables`` runs ``moebench tune --path triton``
 on each entry with its default options (the fast strategy with the path's defaults) and writes
@@ -30,6 +32,7 @@ class Served:
     tp: int
     dtype: str
     why: str
+    served: bool = True  # False: a benchmark dtype no checkpoint is served in
 
     @property
     def shape(self) -> MoEShape:
@@ -50,6 +53,8 @@ SERVED: tuple[Served, ...] = (
                                                   "per-GPU intermediate (192) is not a whole number of blocks"),
     Served("mixtral-8x7b", 1, "bf16", "the bf16 checkpoint, 93 GB: one GPU"),
     Served("mixtral-8x7b", 1, "fp8-tensor-static", "the FP8 checkpoints carry per-tensor static scales"),
+    Served("mixtral-8x7b", 1, "fp8-tensor", "not served: the benchmark's fp8-tensor points (dynamic per-tensor "
+                                            "activation scales)", served=False),
     Served("llama-4-scout", 2, "bf16", "the bf16 checkpoint, 218 GB: TP2"),
     Served("llama-4-scout", 1, "fp8-channel", "the FP8-dynamic checkpoint: per-channel weights, 109 GB"),
     Served("gpt-oss-120b", 2, "bf16", "bf16 (moebench runs no mxfp4), 234 GB: TP2"),
