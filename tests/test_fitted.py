@@ -13,7 +13,7 @@ from moebench.dtypes import DTYPES
 from moebench.hardware import HOPPER
 from moebench.kernels.fused_moe import DeviceFacts, LayerShapes, launch_plan
 from moebench.tables import lookup
-from moebench.tables.fitted import CLASS_OF, Fit, Tuned, Where, fit_to
+from moebench.tables.fitted import CLASS_OF, SATURATED_SLOTS, Fit, Tuned, Where, fit_to, gemm2_smem_bytes
 from moebench.tables.table import ConfigTable
 from moebench.tile import TileConfig
 from moebench.tune.prune import OWN_RULES, RULES, Facts
@@ -98,14 +98,18 @@ def test_holding_a_shape_out_never_predicts_from_it(held):
 
 
 def test_a_class_fits_from_its_own_tables_and_borrows_only_where_it_has_none():
-    """fp8 per tensor fits from 16-bit tables where it has none; fp8-block128 and fp32 borrow from none."""
+    """fp8 per tensor fits from its own class, and from 16-bit tables where it has none; fp8-block128 and fp32
+    borrow from none."""
     block = [t for t in SHIPPED if t.dtype == "fp8-block128"]
     sixteen = [t for t in SHIPPED if CLASS_OF[t.dtype] == "16-bit"]
-    assert block and sixteen and not [t for t in SHIPPED if CLASS_OF[t.dtype] == "fp8"]
+    fp8 = [t for t in SHIPPED if CLASS_OF[t.dtype] == "fp8"]
+    assert block and sixteen and fp8
     fit = Fit(SHIPPED, max_distance=math.inf)
     w = Where(16, 64, 6, 4096, 1024)
     assert fit.predict(w, "fp8-block128", HOPPER).table.dtype == "fp8-block128"
-    assert CLASS_OF[fit.predict(w, "fp8-tensor", HOPPER).table.dtype] == "16-bit"
+    assert CLASS_OF[fit.predict(w, "fp8-tensor", HOPPER).table.dtype] == "fp8"
+    without_fp8 = Fit(block + sixteen, max_distance=math.inf)
+    assert CLASS_OF[without_fp8.predict(w, "fp8-tensor", HOPPER).table.dtype] == "16-bit"
     assert fit.predict(w, "fp32", HOPPER) is None
     assert Fit(block, max_distance=math.inf).predict(w, "bf16", HOPPER) is None
 
@@ -179,6 +183,28 @@ def test_a_table_of_another_shape_is_placed_at_its_own_sizes():
     """The point a table key stands for is that table's shape at that M (not the target's)."""
     t = Tuned("x.json", 256, 256, 7168, 8, "fp8-block128", "NVIDIA H200", ConfigTable({32: BASE}))
     assert t.at(32) == Where(32, 256, 8, 7168, 256)
+
+
+def test_slots_past_every_tuned_point_fit_from_the_largest():
+    """A prefill point with more slots per expert than any tuned one is as near as SATURATED_SLOTS allows:
+    Mixtral at M=4096 (1,024 slots per expert) fits from a table tuned up to 128, not the heuristic."""
+    prefill = TileConfig(128, 128, 64, 8, 8, 3, gemm1_merged=True)
+    t = Tuned("x.json", 16, 4096, 5120, 1, "bf16", "NVIDIA H200", ConfigTable({1024: BASE, 2048: prefill}))
+    mixtral = Where(4096, 8, 2, 4096, 14336)
+    assert mixtral.slots / mixtral.experts == 8 * SATURATED_SLOTS
+    got = Fit([t]).predict(mixtral, "bf16", HOPPER)
+    assert got is not None and got.table_m == 2048
+    assert Where(2048, 16, 1, 5120, 4096).features()[0] == math.log2(SATURATED_SLOTS)
+
+
+def test_gemm2_tiles_that_leave_a_partial_column_tile_keep_room_for_an_output_tile():
+    """The config that asked 278,528 bytes on gpt-oss-20b (hidden 2880) at s3 is carried there at s2; where 256
+    divides hidden (Mixtral's 4096, its own table's shape) it keeps s3."""
+    wide = TileConfig(128, 128, 64, 8, 8, 3, gemm2_block_n=256, gemm2_n_tiles=4, gemm1_merged=True)
+    mixtral, gpt = Where(2048, 8, 2, 4096, 14336), Where(4096, 32, 4, 2880, 2880)
+    assert gemm2_smem_bytes(wide, 2, gpt.hidden) == 278_528 > HOPPER.smem_bytes
+    assert fit_to(wide, mixtral, gpt, "bf16", HOPPER).num_stages == 2
+    assert fit_to(wide, mixtral, mixtral, "bf16", HOPPER).num_stages == 3
 
 
 def test_an_empty_batch_is_placed_as_one_token():

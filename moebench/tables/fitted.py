@@ -40,6 +40,10 @@ BORROW = {"16-bit": ("fp8",), "fp8": ("16-bit",), "fp8-block128": ()}  # tried i
 OPERAND_BYTES = {"16-bit": 2, "fp8": 1, "fp8-block128": 1}  # bytes per element of the GEMMs' operands
 WEIGHTS = (1.0, 0.5, 0.5, 0.5)  # slots per expert, experts touched, K, N (each as log2)
 MAX_DISTANCE = 3.0  # e.g. K and N both 8x apart, or experts touched 64x apart: beyond, the heuristic
+# Slots per expert beyond which the fit sees no difference: from 128 up (every expert fills its tallest tiles,
+# more slots add whole tiles) each shipped H200 table keeps one main tile (128x128x64 w8 with GEMM1 merged at
+# 16-bit, 64x64x128 at fp8-block128), so a prefill point past every tuned one fits from the largest.
+SATURATED_SLOTS = 128
 # The pruning rules of the engine fields that say what cannot compile or run (``tune.prune.RULES``); with
 # ``OWN_RUNNABLE``, the rules a carried config must pass.
 COMPILES = ("block-scale", "shared-memory", "registers")
@@ -66,10 +70,11 @@ class Where:
         return self.experts * (1 - (1 - 1 / self.experts) ** self.slots)
 
     def features(self) -> tuple[float, ...]:
-        """log2 of the slots per expert, the experts touched, K and N (an empty batch placed as one token)."""
+        """log2 of the slots per expert (at most ``SATURATED_SLOTS``), the experts touched, K and N (an empty
+        batch placed as one token)."""
         one = self if self.M >= 1 else replace(self, M=1)
-        return (math.log2(one.slots / one.experts), math.log2(one.touched), math.log2(self.hidden),
-                math.log2(self.intermediate))
+        return (math.log2(min(one.slots / one.experts, SATURATED_SLOTS)), math.log2(one.touched),
+                math.log2(self.hidden), math.log2(self.intermediate))
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -194,7 +199,8 @@ def fit_to(cfg: TileConfig, tuned_at: Where, where: Where, dtype: str,
       the split-full rule), and GEMM2 walks as many column tiles times K steps (a shorter intermediate size,
       more column tiles; no more than hidden holds); each a value the search space declares, and only where
       the config allows it (GEMM2's split and preload take one column tile; its split the atomic sum);
-    - num_stages lowered until the operand tiles fit shared memory; the result must pass every pruning rule
+    - num_stages lowered until the operand tiles fit shared memory, GEMM2's with an output tile
+      (``gemm2_smem_bytes``); the result must pass every pruning rule
       that says what cannot compile or run (``COMPILES``, ``OWN_RUNNABLE``).
     """
     from moebench.tune.prune import OWN_RUNNABLE, RULES, Facts, split_full, tall_tile
@@ -236,9 +242,22 @@ def fit_to(cfg: TileConfig, tuned_at: Where, where: Where, dtype: str,
     except UserError:
         return None
     out = fit_stages(out, nbytes, limits)
+    while out.num_stages > 1 and gemm2_smem_bytes(out, nbytes, where.hidden) > limits.smem_bytes:
+        out = replace(out, num_stages=out.num_stages - 1)
     if any(r.drops(out, facts) for r in (*(r for r in RULES if r.name in COMPILES), *OWN_RUNNABLE)):
         return None
     return out
+
+
+def gemm2_smem_bytes(cfg: TileConfig, nbytes: int, hidden: int) -> int:
+    """GEMM2's pipelined operand tiles, and where its tile width does not divide ``hidden`` (GEMM2's columns) one
+    float32 output tile too: a bound the fit keeps carried configs under. On gpt-oss-20b (hidden 2880) at
+    M=4096 Triton asked 278,528 bytes for 128x128x64 s3 with 256-wide GEMM2 tiles, that sum (3 x 48 KiB +
+    128 KiB), over the H200's 232,448 (``results/h200-fit-time-035a7ae``); the same tiles ran at s3 and s4 on
+    shapes whose hidden size 256 divides (Mixtral, Qwen3-235B: 4096)."""
+    n2 = cfg.gemm2_block_n or cfg.BLOCK_SIZE_N
+    out_tile = cfg.BLOCK_SIZE_M * n2 * 4 if hidden % n2 else 0
+    return (cfg.BLOCK_SIZE_M + n2) * cfg.BLOCK_SIZE_K * nbytes * cfg.num_stages + out_tile
 
 
 def fit_of(tables: Sequence[Tuned], device_name: str, max_distance: float = MAX_DISTANCE) -> Fit:
