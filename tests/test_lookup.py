@@ -149,3 +149,43 @@ def test_a_sweep_and_a_warmup_run_the_fitted_config_and_say_so(tmp_path):
     rest = "; heuristic elsewhere" if any(c.source == "heuristic" for c in chosen.values()) else ""
     assert warm.source == f"fitted from {name}{rest}"
     assert all(cfg == chosen[M].config for M, cfg in warm.items)
+
+
+def test_a_fitted_config_the_device_cannot_hold_falls_back_to_the_heuristic_and_stays_refused(tmp_path,
+                                                                                             monkeypatch):
+    """fused_moe with a fitted config that Triton refuses at its first launch (OutOfResources, as a carried
+    GEMM2 tile did on gpt-oss-20b) runs the heuristic's config instead, and the lookup gives the heuristic for
+    that shape from then on; another failure is not swallowed."""
+    import torch
+    import triton
+
+    from moebench.serve import api
+
+    monkeypatch.setattr(lookup, "_REFUSED", set())
+    write(tmp_path / "mine", dtype="fp16", device=device_name(), n=128)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 128, generator=gen).half()
+    w13 = (torch.randn(8, 128, 128, generator=gen) / 12).half()  # E=8, 2I=128 (I=64), hidden 128
+    w2 = (torch.randn(8, 128, 64, generator=gen) / 8).half()
+    topk_weights, topk_ids = torch.rand(4, 8, generator=gen).softmax(-1).topk(2)
+    first = api.config_for(x, w13, w2, topk_ids, configs_dir=tmp_path / "mine")
+    assert first.source == "fitted"
+    real, tried = api.launch, []
+
+    def refusing(x, w13, w2, weights, ids, tile, **kw):
+        tried.append(tile)
+        if tile == first.config:
+            raise triton.runtime.errors.OutOfResources(278528, 232448, "shared memory")
+        return real(x, w13, w2, weights, ids, tile, **kw)
+
+    monkeypatch.setattr(api, "launch", refusing)
+    out = api.fused_moe(x, w13, w2, topk_weights, topk_ids, configs_dir=tmp_path / "mine")
+    after = api.config_for(x, w13, w2, topk_ids, configs_dir=tmp_path / "mine")
+    assert after.source == "heuristic" and tried == [first.config, after.config]
+    want = api.fused_moe(x, w13, w2, topk_weights, topk_ids, config=after.config)
+    assert torch.equal(out, want)
+
+    monkeypatch.setattr(lookup, "_REFUSED", set())
+    monkeypatch.setattr(api, "launch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("not a resource")))
+    with pytest.raises(RuntimeError, match="not a resource"):
+        api.fused_moe(x, w13, w2, topk_weights, topk_ids, configs_dir=tmp_path / "mine")

@@ -253,12 +253,34 @@ def fused_moe(
     if out is not None and (out.shape != x.shape or out.dtype != x.dtype or out.stride(1) != 1):
         raise UserError(f"fused_moe: out {_shape(out)} {out.dtype} must be shaped and typed as x {_shape(x)} "
                         f"{x.dtype}, its rows contiguous")
-    tile = _tile(config) if config is not None else _choose(layer, quant, configs_dir).config
+    chosen = None if config is not None else _choose(layer, quant, configs_dir)
+    tile = _tile(config) if chosen is None else chosen.config
     x = x if x.stride(1) == 1 else x.contiguous()
     weights = topk_weights.to(torch.float32).contiguous()  # [M, topk]
     ids = topk_ids.to(torch.int32).contiguous()  # [M, topk]
     local = None if expert_map is None else expert_map.to(torch.int32).contiguous()  # [global experts]
-    return launch(x, w13, w2, weights, ids, tile, out=out, fp8_scheme=quant.scheme, w13_scale=w13_scale,
-                  w2_scale=w2_scale, act_scale=act_scale, act_per_tensor=quant.act_per_tensor,
-                  block_shape=quant.block_shape, expert_map=local,
-                  apply_router_weight_on_input=apply_router_weight_on_input)
+
+    def run(tile: TileConfig) -> torch.Tensor:
+        return launch(x, w13, w2, weights, ids, tile, out=out, fp8_scheme=quant.scheme, w13_scale=w13_scale,
+                      w2_scale=w2_scale, act_scale=act_scale, act_per_tensor=quant.act_per_tensor,
+                      block_shape=quant.block_shape, expert_map=local,
+                      apply_router_weight_on_input=apply_router_weight_on_input)
+
+    if chosen is None or chosen.source != "fitted":
+        return run(tile)
+    try:
+        return run(tile)
+    except Exception as e:  # a carried config the device cannot hold: the heuristic's, which fits by construction
+        if not _out_of_resources(e):
+            raise
+        lookup.refuse_fitted(chosen.config, layer.experts, layer.intermediate, layer.dtype, hidden=layer.hidden,
+                             topk=layer.topk)
+        return run(_choose(layer, quant, configs_dir).config)
+
+
+def _out_of_resources(e: BaseException) -> bool:
+    """Whether ``e`` is Triton's compile-time refusal of a config the device cannot hold (shared memory,
+    registers)."""
+    import triton
+
+    return isinstance(e, triton.runtime.errors.OutOfResources)

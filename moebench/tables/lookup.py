@@ -144,10 +144,23 @@ def _fit(files: tuple[tuple[Path, int], ...], device_name: str) -> Fit:
     return fit_of([t for p, mtime in files if (t := _tuned(p, mtime)) is not None], device_name)
 
 
+# (config key, experts, intermediate, hidden, top-k, dtype) of fitted configs that failed to compile here
+_REFUSED: set[tuple] = set()
+
+
+def refuse_fitted(config: TileConfig, experts: int, n: int, dtype: str, *, hidden: int, topk: int) -> None:
+    """Remember that the device could not hold ``config`` fitted for this shape and dtype (Triton's
+    OutOfResources at its first launch): ``choose`` gives the heuristic there from now on, in this process."""
+    _REFUSED.add((config.key(), experts, n, hidden, topk, dtype))
+
+
 def fitted_or(heuristic: TileConfig, fit: Fit, where: Where, dtype: str) -> Chosen:
-    """What runs where no table is there: ``fit``'s config for ``where`` at ``dtype``, else ``heuristic``."""
+    """What runs where no table is there: ``fit``'s config for ``where`` at ``dtype``, else ``heuristic``
+    (also where that config was refused here, ``refuse_fitted``)."""
     fitted = fit.predict(where, dtype)
-    if fitted is None:
+    refused = fitted is not None and (fitted.config.key(), where.experts, where.intermediate, where.hidden,
+                                      where.topk, dtype) in _REFUSED
+    if fitted is None or refused:
         return Chosen(heuristic, "heuristic")
     return Chosen(fitted.config, "fitted", fitted.table.path, fitted.table_m)
 
