@@ -162,14 +162,15 @@ def test_the_env_folder_is_used_without_configs_dir_and_else_the_heuristic(tmp_p
 
 
 def test_fp8_weights_with_static_scales_read_their_own_table_and_match_the_reference(tmp_path, monkeypatch):
-    """Static activation scales make the dtype fp8-tensor-static: its table is read, not the dynamic one's."""
+    """Static activation scales make the dtype fp8-tensor-static: its table is read, not the dynamic one's (a
+    dynamic layer of the shape has no table: its config is fitted from the static one's, of the same fp8 class)."""
     problem = Problem(MoEShape("test", E, H, I, TOPK), 4, "fp8-tensor-static", seed=2)
     inp = make_inputs(problem, DEVICE, draw=1)
     w = inp.weights
     mine = tmp_path / "mine"
     write_tables(mine, "fp8-tensor-static")
     dynamic = moebench.config_for(inp.x, w.w13, w.w2, inp.topk_ids, fp8_scheme="tensor", configs_dir=mine)
-    assert dynamic.source == "heuristic"
+    assert dynamic.source == "fitted" and dynamic.table.name == file_name(E, I, device_name(), "fp8-tensor-static")
     scales = dict(fp8_scheme="tensor", w13_scale=w.w13_scale, w2_scale=w.w2_scale, act_scale=w.act_scale)
     seen = spy(monkeypatch)
     out = moebench.fused_moe(inp.x, w.w13, w.w2, inp.topk_weights, inp.topk_ids, **scales, configs_dir=mine)

@@ -60,8 +60,8 @@ def _tiles(path: MoEPath, problem: Problem, reason: str | None, tune: bool, pinn
     """The tile config a point is run with and where it came from: the one ``pinned`` names for its
     (model, dtype, M), else, in a tuned sweep, the path's default until its tune's choice replaces it
     (``with_tuned``), else, for moebench's kernel, the config its tables give at M (``moebench.tables.lookup``:
-    --configs, MOEBENCH_CONFIGS, shipped, else the heuristic), else the path's default (one row, too, for a point
-    the path cannot run)."""
+    --configs, MOEBENCH_CONFIGS, shipped, else the fitted default, else the heuristic), else the path's default (one
+    row, too, for a point the path cannot run)."""
     if not path.tunable or reason:
         return (None,), None
     key = (problem.shape.name, problem.dtype, problem.M)
@@ -73,7 +73,7 @@ def _tiles(path: MoEPath, problem: Problem, reason: str | None, tune: bool, pinn
         return (path.default_config(problem),), "heuristic"
     s = problem.shape
     chosen = lookup.choose(problem.M, s.experts, s.intermediate, problem.dtype, device_name(),
-                           path.default_config(problem), configs_dir)
+                           path.default_config(problem), configs_dir, hidden=s.hidden, topk=s.topk)
     return (chosen.config,), chosen.label
 
 

@@ -17,6 +17,7 @@ import click
 from moebench import __version__
 from moebench.cli.console import note
 from moebench.cli.doctor import doctor
+from moebench.cli.fitcheck import fit_check, fit_time
 from moebench.cli.probes import bounds, isa, profile
 from moebench.cli.report import compare, plot, report
 from moebench.cli.retime import retime
@@ -52,6 +53,8 @@ cli.add_command(tune_tables)
 cli.add_command(export_configs)
 cli.add_command(doctor)
 cli.add_command(retime)
+cli.add_command(fit_check)
+cli.add_command(fit_time)
 cli.add_command(warmup)
 cli.add_command(trace)
 cli.add_command(isa)

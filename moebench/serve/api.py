@@ -2,9 +2,9 @@
 
 ``fused_moe`` checks the layer's tensors and quantization arguments (shapes, dtypes, devices, combinations: a
 one-line UserError each), brings the routing to the kernels' dtypes (weights float32, ids and expert_map int32),
-takes the tile config it is given or the one ``config_for`` finds (a tuned table, else the heuristic the
-benchmark's triton path runs) and launches ``moebench.kernels.fused_moe``. The checks read shapes only: nothing
-waits on the device, so a call can be captured in a CUDA graph.
+takes the tile config it is given or the one ``config_for`` finds (a tuned table, else the fitted default of the
+other tables, else the heuristic the benchmark's triton path runs) and launches ``moebench.kernels.fused_moe``.
+The checks read shapes only: nothing waits on the device, so a call can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ class _Layer:
     M: int  # tokens
     experts: int  # E
     intermediate: int  # I, per GPU (vLLM's N)
+    hidden: int  # K of GEMM1
     topk: int
     weight_bytes: int  # bytes per element of w13
     dtype: str  # moebench dtype name
@@ -144,7 +145,7 @@ def _check(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch
     if name == "bf16" and interpreting():
         raise UserError("fused_moe: the Triton interpreter computes bf16 tl.dot wrongly; use fp16 or fp32 on the CPU")
     routed = E if expert_map is None else expert_map.shape[0]
-    return _Layer(M, E, I, topk_ids.shape[1], w13.element_size(), name, x.device, routed)
+    return _Layer(M, E, I, H, topk_ids.shape[1], w13.element_size(), name, x.device, routed)
 
 
 def _check_weight_scales(w13: torch.Tensor, w2: torch.Tensor, quant: _Quant,
@@ -181,7 +182,7 @@ def _choose(layer: _Layer, quant: _Quant, configs_dir) -> lookup.Chosen:
     if layer.dtype not in DTYPES:  # no table is made for it
         return lookup.Chosen(heuristic, "heuristic")
     return lookup.choose(layer.M, layer.experts, layer.intermediate, layer.dtype, environment.device_name(layer.device),
-                         heuristic, folder)
+                         heuristic, folder, hidden=layer.hidden, topk=layer.topk)
 
 
 def config_for(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, *,
@@ -189,11 +190,12 @@ def config_for(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: t
                expert_map: torch.Tensor | None = None, block_shape: Sequence[int] | None = None,
                per_act_token_quant: bool | None = None) -> lookup.Chosen:
     """The tile config ``fused_moe`` runs these tensors with when given none, and where it comes from
-    (``Chosen.source``: "configs", "env", "shipped" or "heuristic"; ``table_m`` the key read).
+    (``Chosen.source``: "configs", "env", "shipped", "fitted" or "heuristic"; ``table_m`` the key read).
 
     Tables are looked for in ``configs_dir``, then ``$MOEBENCH_CONFIGS``, then those shipped with moebench, by
-    (E, I, device name, dtype name), and read at the key nearest M; without one, the triton path's heuristic
-    (sized for the slots per expert: with ``expert_map``, per global expert).
+    (E, I, device name, dtype name), and read at the key nearest M; without one, the fitted default of the
+    device's other tables (``moebench.tables.fitted``), else the triton path's heuristic (sized for the slots per
+    expert: with ``expert_map``, per global expert).
     """
     quant = _quant(fp8_scheme, block_shape, per_act_token_quant, act_scale)
     return _choose(_check(x, w13, w2, topk_ids, quant, act_scale, expert_map), quant, configs_dir)
@@ -251,12 +253,34 @@ def fused_moe(
     if out is not None and (out.shape != x.shape or out.dtype != x.dtype or out.stride(1) != 1):
         raise UserError(f"fused_moe: out {_shape(out)} {out.dtype} must be shaped and typed as x {_shape(x)} "
                         f"{x.dtype}, its rows contiguous")
-    tile = _tile(config) if config is not None else _choose(layer, quant, configs_dir).config
+    chosen = None if config is not None else _choose(layer, quant, configs_dir)
+    tile = _tile(config) if chosen is None else chosen.config
     x = x if x.stride(1) == 1 else x.contiguous()
     weights = topk_weights.to(torch.float32).contiguous()  # [M, topk]
     ids = topk_ids.to(torch.int32).contiguous()  # [M, topk]
     local = None if expert_map is None else expert_map.to(torch.int32).contiguous()  # [global experts]
-    return launch(x, w13, w2, weights, ids, tile, out=out, fp8_scheme=quant.scheme, w13_scale=w13_scale,
-                  w2_scale=w2_scale, act_scale=act_scale, act_per_tensor=quant.act_per_tensor,
-                  block_shape=quant.block_shape, expert_map=local,
-                  apply_router_weight_on_input=apply_router_weight_on_input)
+
+    def run(tile: TileConfig) -> torch.Tensor:
+        return launch(x, w13, w2, weights, ids, tile, out=out, fp8_scheme=quant.scheme, w13_scale=w13_scale,
+                      w2_scale=w2_scale, act_scale=act_scale, act_per_tensor=quant.act_per_tensor,
+                      block_shape=quant.block_shape, expert_map=local,
+                      apply_router_weight_on_input=apply_router_weight_on_input)
+
+    if chosen is None or chosen.source != "fitted":
+        return run(tile)
+    try:
+        return run(tile)
+    except Exception as e:  # a carried config the device cannot hold: the heuristic's, which fits by construction
+        if not _out_of_resources(e):
+            raise
+        lookup.refuse_fitted(chosen.config, layer.experts, layer.intermediate, layer.dtype, hidden=layer.hidden,
+                             topk=layer.topk)
+        return run(_choose(layer, quant, configs_dir).config)
+
+
+def _out_of_resources(e: BaseException) -> bool:
+    """Whether ``e`` is Triton's compile-time refusal of a config the device cannot hold (shared memory,
+    registers)."""
+    import triton
+
+    return isinstance(e, triton.runtime.errors.OutOfResources)

@@ -119,7 +119,8 @@ def replay(shape: MoEShape, dtype: str, counts: list[int], configs_dir: Path | s
                         continue
                     problem = Problem(shape, M, dtype, seed=seed)
                     chosen = lookup.choose(M, shape.experts, shape.intermediate, dtype, device,
-                                           path.default_config(problem), configs_dir)
+                                           path.default_config(problem), configs_dir, hidden=shape.hidden,
+                                           topk=shape.topk)
                     inputs = make_inputs(problem, target.device, weights, draw=i)
                     run = path.prepare(inputs, problem, chosen.config)
                     out = torch.empty(M, shape.hidden, device=target.device, dtype=problem.spec.act)  # [M, hidden]

@@ -4,10 +4,11 @@ Triton's on-disk cache.
 A plan (``WarmupPlan``) is what the triton path would run at every M of 1..``max_tokens``: the config of a
 table file given directly (``plan_for_table``), or of the table the lookup picks for a shape
 (``plan_for_model``: --configs, env, shipped), at its key nearest M (``ConfigTable.nearest_key``, as the lookup
-reads it); where there is no table, the heuristic config at each M. ``warm`` first-runs each kept (M, config)
-once on every shape of the plan in ``precompile.Precompiler``'s workers, which compile the kernels into
-``TRITON_CACHE_DIR``; a later process finds them there and loads them instead of compiling. It counts the
-kernels the cache gained (``kernel_entries``) and lists the configs that could not run, without stopping.
+reads it); where there is no table, what the lookup runs at each M (the fitted default, else the heuristic
+config). ``warm`` first-runs each kept (M, config) once on every shape of the plan in
+``precompile.Precompiler``'s workers, which compile the kernels into ``TRITON_CACHE_DIR``; a later process finds
+them there and loads them instead of compiling. It counts the kernels the cache gained (``kernel_entries``) and
+lists the configs that could not run, without stopping.
 
 Two pairs of one config at different M are "the same launch" when ``launch_key`` is equal: the config and
 every flag of ``fused_moe.launch_plan`` but the grid sizes and token counts (the kernels take those as
@@ -148,6 +149,16 @@ def _table_pairs(table, max_tokens: int) -> list[tuple[int, TileConfig]]:
     return [(M, table.nearest(M)) for M in range(1, max_tokens + 1)]
 
 
+def _fitted_label(chosen: list) -> str:
+    """A plan's source where no table is there: 'heuristic', or 'fitted from <the tables>' (and where the fit
+    gave nothing at some M, '; heuristic elsewhere')."""
+    names = sorted({c.table.name for c in chosen if c.source == "fitted"})
+    if not names:
+        return "heuristic"
+    rest = "; heuristic elsewhere" if any(c.source == "heuristic" for c in chosen) else ""
+    return f"fitted from {', '.join(names)}{rest}"
+
+
 def _as_list(value) -> list:
     return list(value) if isinstance(value, list) else [value]
 
@@ -188,7 +199,8 @@ def plan_for_model(shape: MoEShape, dtype: str, configs_dir: Path | str | None =
                    max_tokens: int = MAX_TOKENS) -> WarmupPlan:
     """Every launch the triton path makes for ``shape`` at 1..``max_tokens`` tokens on this device: the
     configs of the table its lookup picks (``configs_dir``, then $MOEBENCH_CONFIGS, then the shipped tables),
-    each M at its nearest key; where there is none, the heuristic config at each M."""
+    each M at its nearest key; where there is none, what the lookup runs at each M: the fitted default, else the
+    heuristic config."""
     from moebench.environment import device_name
     from moebench.paths.registry import get_path
     from moebench.problem import Problem
@@ -196,15 +208,19 @@ def plan_for_model(shape: MoEShape, dtype: str, configs_dir: Path | str | None =
 
     _check_max_tokens(max_tokens)
     _check_fits((shape,), dtype, max_tokens)
-    found = lookup.find_table(shape.experts, shape.intermediate, device_name(), dtype,
-                              lookup.check_dir(configs_dir))
+    configs_dir, device = lookup.check_dir(configs_dir), device_name()
+    found = lookup.find_table(shape.experts, shape.intermediate, device, dtype, configs_dir)
     if found is not None:
         source, path, table = found
         pairs, label = _table_pairs(table, max_tokens), f"{source}:{path.name}"
     else:
-        heuristic = get_path(PATH).default_config
-        pairs = [(M, heuristic(Problem(shape, M, dtype))) for M in range(1, max_tokens + 1)]
-        label = "heuristic"
+        from moebench.tables.fitted import Where
+
+        heuristic, fit = get_path(PATH).default_config, lookup.fit_for(device, configs_dir)
+        chosen = [(M, lookup.fitted_or(heuristic(Problem(shape, M, dtype)), fit,
+                                       Where(M, shape.experts, shape.topk, shape.hidden, shape.intermediate), dtype))
+                  for M in range(1, max_tokens + 1)]
+        pairs, label = [(M, c.config) for M, c in chosen], _fitted_label([c for _, c in chosen])
     items, dropped = _dedup((shape,), dtype, pairs)
     return WarmupPlan((shape,), dtype, label, items, dropped, (), max_tokens)
 

@@ -127,7 +127,8 @@ def _finding(ask: Ask, engine: str) -> Finding:
         if table is not None:
             picks = tuple(Pick(m, table.nearest_key(m)) for m in ask.ms)
     else:
-        default = "its built-in heuristic" if engine == "moebench" else "its default config"
+        default = ("the config fitted from its other tables of the device, else its built-in heuristic,"
+                   if engine == "moebench" else "its default config")
         notes.append(f"no file found: {fmt.READER} runs {default} at every M")
         picks = tuple(Pick(m, None) for m in ask.ms)
     command = make_command(ask, engine, triton, notes)
