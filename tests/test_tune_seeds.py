@@ -9,17 +9,18 @@ from dataclasses import replace
 import pytest
 
 from moebench.hardware import HOPPER
-from moebench.models import get_model
+from moebench.models import get_model, shard
 from moebench.paths.registry import get_path
 from moebench.problem import Problem
 from moebench.tile import TileConfig
+from moebench.tune import handpicked as handpicked_module
 from moebench.tune import seeds as seeds_module
 from moebench.tune.candidates import Candidates
 from moebench.tune.handpicked import candidates as handpicked
 from moebench.tune.prune import OWN_RULES, RULES, Facts, direct_many, quant_x, split_full, tma_rows
 from moebench.tune.replay import ReplayBench
 from moebench.tune.run import CHECK_PASSES, TuneRequest, _options
-from moebench.tune.seeds import known_seeds
+from moebench.tune.seeds import SEED_RULES, float32_sum, known_seeds, quant_x_in_gemm1, seeded, swap_tall
 from moebench.tune.served import SERVED
 from moebench.tune.space import VLLM_MS, get_space
 from moebench.tune.strategies import fast
@@ -33,16 +34,25 @@ def facts(M: int, shape=QWEN, dtype: str = "bf16", kernel: str = "triton") -> Fa
 
 # --- known seeds -------------------------------------------------------------------------------------------
 
-def test_seeds_are_the_default_then_the_handpicked_candidates_on_a_gpu(monkeypatch):
+@pytest.fixture
+def on_a_gpu(monkeypatch):
+    """The seeds and hand-picked candidates of a GPU (the interpreter has no bf16 atomics: fewer sum forms)."""
     monkeypatch.setattr(seeds_module, "interpreting", lambda: False)
+    monkeypatch.setattr(handpicked_module, "interpreting", lambda: False)
+
+
+def test_seeds_are_the_default_then_the_handpicked_candidates_the_seed_rules_keep_on_a_gpu(on_a_gpu):
     problems = {M: Problem(QWEN, M, "bf16") for M in (1, 4096)}
     path = get_path("triton")
-    got = known_seeds(path, problems, HOPPER)
+    got, every = known_seeds(path, problems, HOPPER), known_seeds(path, problems, HOPPER, rules=())
     for M, p in problems.items():
         keys = [c.key() for c in got[M]]
         assert keys[0] == path.default_config(p).key()
         assert len(keys) == len(set(keys))
-        assert {c.key() for c in handpicked(p, limits=HOPPER)} <= set(keys)
+        picked = handpicked(p, limits=HOPPER)
+        assert {c.key() for c in seeded(picked)} <= set(keys)
+        assert len(keys) < len(every[M])
+        assert {c.key() for c in picked} <= {c.key() for c in every[M]}  # no rules: every candidate a seed
 
 
 def test_the_engines_form_and_the_interpreter_seed_only_the_default(monkeypatch):
@@ -89,6 +99,66 @@ def test_steps_from_a_seed_skip_a_dimension_whose_value_the_space_lacks():
     seed = TileConfig(16, 64, 128, 8, 4, 4)  # GROUP_SIZE_M=8: not in the engines' form's space
     steps = cands.steps(seed)
     assert steps and all(s.GROUP_SIZE_M == 8 for s in steps)
+
+
+# --- the hand-picked variants left to the climb (seeds.SEED_RULES) -------------------------------------------
+
+DEEPSEEK_TP8 = shard(get_model("deepseek-v3"), tp=8)
+RULE_CASES = [  # (rule, shape, M, dtype): a point whose hand-picked candidates hold the rule's variant
+    (float32_sum, QWEN, 1, "bf16"),  # decode: the float32 sum beside the sum into the output
+    (float32_sum, QWEN, 4096, "bf16"),  # prefill: the same
+    (swap_tall, QWEN, 4096, "bf16"),  # prefill's 64- and 128-row tiles, each also swapped
+    (quant_x_in_gemm1, DEEPSEEK_TP8, 1, "fp8-block128"),  # a tile per slot at block128: x quantized by GEMM1
+]
+
+
+@pytest.mark.usefixtures("on_a_gpu")
+@pytest.mark.parametrize("rule, shape, M, dtype", RULE_CASES, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_each_seed_rule_leaves_its_variants_out_and_keeps_their_twins(rule, shape, M, dtype):
+    picked = handpicked(Problem(shape, M, dtype), limits=HOPPER)
+    variants = [c for c in picked if rule(c) is not None]
+    assert variants, "the case reaches the rule: the candidates hold its variant"  # the case's precondition
+    kept = {c.key() for c in seeded(picked)}
+    assert not kept & {c.key() for c in variants}
+    assert {rule(c).key() for c in variants} & kept, "the variants' twins are seeds"
+    assert kept == {c.key() for c in seeded(picked, tuple(r for r in SEED_RULES if r.twin is not rule))} - {
+        c.key() for c in variants}, "the rule leaves out its own variants only"
+
+
+@pytest.mark.usefixtures("on_a_gpu")
+def test_the_seed_rules_keep_the_swap_at_decode_tiles_and_the_sum_into_the_output():
+    """Swap-AB is left to the climb only with 64 rows or more: at decode every 16-row tile is seeded swapped and
+    unswapped; the top-k sum into the output and its stored rows stay seeds at every point."""
+    decode = seeded(handpicked(Problem(QWEN, 1, "bf16"), limits=HOPPER))
+    assert {c.swap_ab for c in decode if c.BLOCK_SIZE_M == 16} == {False, True}
+    for M in (1, 4096):
+        kept = seeded(handpicked(Problem(QWEN, M, "bf16"), limits=HOPPER))
+        assert any(c.atomic_out for c in kept) and any(not c.atomic_sum for c in kept)
+
+
+def test_a_variant_whose_twin_is_no_candidate_stays_a_seed():
+    """The interpreter has no bf16 atomics, so there the float32 sum is the only atomic form (``_sum_forms``);
+    with no twin to step from, it is seeded."""
+    alone = TileConfig(16, 64, 128, 1, 4, 4)  # the float32 sum
+    assert float32_sum(alone) is not None and seeded([alone]) == [alone]
+    assert seeded([alone, float32_sum(alone)]) == [float32_sum(alone)]
+
+
+@pytest.mark.usefixtures("on_a_gpu")
+@pytest.mark.parametrize("shape, dtype", [(QWEN, "bf16"), (DEEPSEEK_TP8, "fp8-block128")])
+def test_every_candidate_left_out_is_a_climb_step_from_its_twin_and_its_twins_lead_to_a_seed(shape, dtype):
+    """A variant not seeded is one own-field step (``Candidates.steps``) from its twin, and following twins
+    ends at a seed: the climb from that seed, where it leads, reaches the variant."""
+    space = get_space("triton")
+    for M in VLLM_MS:
+        picked = handpicked(Problem(shape, M, dtype), limits=HOPPER)
+        by_key, kept = {c.key(): c for c in picked}, {c.key() for c in seeded(picked)}
+        for c in picked:
+            cfg = c
+            while cfg.key() not in kept:
+                twin = next(t for r in SEED_RULES if (t := r.twin(cfg)) is not None and t.key() in by_key)
+                assert cfg.key() in {s.key() for s in space.neighbours(twin)}, f"M={M}: {cfg.label}"
+                cfg = twin
 
 
 # --- own-field rules ---------------------------------------------------------------------------------------

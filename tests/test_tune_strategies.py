@@ -8,6 +8,7 @@ tune's screen time, and "the recorded best" at an M is the lowest of them.
 
 from __future__ import annotations
 
+import math
 from functools import cache
 from pathlib import Path
 
@@ -175,34 +176,61 @@ def test_the_command_offers_every_strategy_and_its_options():
 # --- moebench's kernel: the recorded H200 tunes of the default search --------------------------------------
 
 OWN_RECORDED = Path(__file__).parent / "data" / "h200-own-tune"  # screens of results/h200-own-t*
-OWN_RECORDINGS = {  # results/h200-own-tune-9b30689, then results/h200-own-tables-fca5ebb (compiles overlapped)
-    "qwen3-30b-a3b-bf16": (lambda: get_model("qwen3-30b-a3b"), "bf16", 1795),
-    "deepseek-v3-tp8-fp8-block128": (lambda: shard(get_model("deepseek-v3"), tp=8), "fp8-block128", 3997),
-    "qwen3-30b-a3b-fp8-block128": (lambda: get_model("qwen3-30b-a3b"), "fp8-block128", 2734),
-    "mixtral-8x7b-bf16": (lambda: get_model("mixtral-8x7b"), "bf16", 2064),  # 8 experts: few slots per expert
-    "gpt-oss-20b-bf16": (lambda: get_model("gpt-oss-20b"), "bf16", 1822),
+# results/h200-own-tune-9b30689, then results/h200-own-tables-fca5ebb (compiles overlapped): per recording the screens
+# the H200 made (the search with every hand-picked candidate a seed) and those the default search asks for now.
+OWN_RECORDINGS = {
+    "qwen3-30b-a3b-bf16": (lambda: get_model("qwen3-30b-a3b"), "bf16", 1795, 1403),
+    "deepseek-v3-tp8-fp8-block128": (lambda: shard(get_model("deepseek-v3"), tp=8), "fp8-block128", 3997, 2456),
+    "qwen3-30b-a3b-fp8-block128": (lambda: get_model("qwen3-30b-a3b"), "fp8-block128", 2734, 1743),
+    "mixtral-8x7b-bf16": (lambda: get_model("mixtral-8x7b"), "bf16", 2064, 1484),  # 8 experts: few slots per expert
+    "gpt-oss-20b-bf16": (lambda: get_model("gpt-oss-20b"), "bf16", 1822, 1392),
 }
 H200 = DeviceLimits(sms=132, l2_bytes=60 * 2**20, smem_bytes=227 * 1024)  # as torch reports the H200's
+OWN_GEOMEAN, OWN_WORST = 1.010, 1.03  # the default search's choice against the recorded best: over M, at each M
 
 
-@pytest.mark.parametrize("name", OWN_RECORDINGS)
-def test_the_replay_of_an_h200_tune_of_moebenchs_kernel_screens_what_the_h200_screened(name, monkeypatch):
-    """On the recorded screens, without noise, the default search (the path's options, the known seeds of the
-    H200's limits, the own-field rules, borrowing) asks for exactly the (M, config) screens the H200 tune made:
-    the replay runs the search the GPU ran. (It chooses by screens where the GPU chose by final re-times.)"""
+def own_replay(name: str, monkeypatch, rules=None):
+    """The default search replayed without noise on a recording of moebench's kernel, with the known seeds of the
+    H200's limits that ``rules`` keep (the seed rules by default): (recorded times, the bench, the choices)."""
     from moebench.tune import handpicked, seeds
     from moebench.tune.record import replay_rows
 
     monkeypatch.setattr(seeds, "interpreting", lambda: False)  # the seeds and candidates of a GPU
     monkeypatch.setattr(handpicked, "interpreting", lambda: False)
     times = replay_rows(OWN_RECORDED / f"{name}.jsonl.gz")
-    shape, dtype, screened = OWN_RECORDINGS[name][0](), *OWN_RECORDINGS[name][1:]
+    shape, dtype = OWN_RECORDINGS[name][0](), OWN_RECORDINGS[name][1]
     problems = {M: Problem(shape, M, dtype) for M in sorted({M for M, _ in times})}
+    known = seeds.known_seeds(get_path("triton"), problems, H200, *(() if rules is None else (rules,)))
     cands = Candidates(get_space("triton"), {M: Facts.of(p, "triton", H200) for M, p in problems.items()},
-                       seeds=seeds.known_seeds(get_path("triton"), problems, H200))
+                       seeds=known)
     bench = Watched(times, noise=0.0)
-    chosen = fast.search(cands, bench, fast.Options(**fast.PATH_DEFAULTS["triton"]))
+    return times, bench, fast.search(cands, bench, fast.Options(**fast.PATH_DEFAULTS["triton"]))
+
+
+@pytest.mark.parametrize("name", OWN_RECORDINGS)
+def test_the_replay_of_an_h200_tune_of_moebenchs_kernel_screens_what_the_h200_screened(name, monkeypatch):
+    """On the recorded screens, without noise, the search the H200 ran (the path's options, every hand-picked
+    candidate a seed: no seed rules, the own-field rules, borrowing) asks for exactly the (M, config) screens the
+    H200 tune made: the replay runs the search the GPU ran. (It chooses by screens where the GPU chose by final
+    re-times.)"""
+    times, bench, chosen = own_replay(name, monkeypatch, rules=())
     asked = [(M, key) for M, key, phase in bench.timed if phase == "screen"]
-    assert len(asked) == len(set(asked)) == screened
+    assert len(asked) == len(set(asked)) == OWN_RECORDINGS[name][2]
     assert set(asked) == {k for k, t in times.items() if t is not None}
-    assert all(chosen[M] is not None for M in problems)
+    assert all(cfg is not None for cfg in chosen.values())
+
+
+@pytest.mark.parametrize("name", OWN_RECORDINGS)
+def test_the_default_search_screens_fewer_seeds_and_chooses_within_the_bound_of_the_recorded_best(name, monkeypatch):
+    """With the seed rules (``seeds.SEED_RULES``) the default search asks for the screens OWN_RECORDINGS states,
+    each once and fewer than the H200 made, and its choice at each M is within OWN_WORST of the recorded best
+    (OWN_GEOMEAN over M). A screen the recording lacks (a climb from another leader) counts as a failure, so the
+    bound holds on what the H200 timed."""
+    times, bench, chosen = own_replay(name, monkeypatch)
+    asked = [(M, key) for M, key, phase in bench.timed if phase == "screen"]
+    assert len(asked) == len(set(asked)) == OWN_RECORDINGS[name][3] < OWN_RECORDINGS[name][2]
+    best = {M: min(t for (m, _), t in times.items() if m == M and t is not None) for M in chosen}
+    ratios = {M: times[(M, cfg.key())] / best[M] for M, cfg in chosen.items()}
+    M = max(ratios, key=ratios.get)
+    assert ratios[M] <= OWN_WORST, f"M={M}: {ratios[M]:.4f}x the recorded best"
+    assert math.prod(ratios.values()) ** (1 / len(ratios)) <= OWN_GEOMEAN

@@ -1,4 +1,5 @@
-"""The hand-picked tile-config candidates of one point: the tune's known seeds (``tune.seeds``) and what ``isa`` tries.
+"""The hand-picked tile-config candidates of one point: what ``isa`` tries and, less the variants ``tune.seeds``
+leaves to the climb (``SEED_RULES``), the tune's known seeds.
 
 The token tile height follows the average slots per expert (``M * topk / E``),
 as in ``tile.default_config``; around it a handful of shapes that do well on

@@ -45,7 +45,7 @@ class Options:
 
 
 # Per path, the defaults that differ from ``Options()``. moebench's kernel (``triton``) screens at 40-60 ms a
-# config and M on an H200 (docs/tuning.md) and has 16-256 known seeds per M: each M screens its own seeds, the
+# config and M on an H200 (docs/tuning.md) and has 10-160 known seeds per M: each M screens its own seeds, the
 # model's first two and one per tile shape, and climbs twice from its fastest (a borrow may be at most ``lead``).
 PATH_DEFAULTS = {"triton": dict(top=2, per_shape=1, lead=1, climbs=2, share=0)}
 
