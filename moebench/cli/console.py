@@ -96,6 +96,19 @@ def progress_bar(enabled: bool):
                     disable=not enabled)
 
 
+def phase_progress(bar):
+    """An ``on_progress(what, done, total, **fields)`` for ``bar``: a task per phase ``what`` (a new one when the
+    phase changes), its counts and fields (``status``) updated."""
+    task: dict = {"id": None}
+
+    def on_progress(what: str, done: int, total: int, **fields) -> None:
+        if task["id"] is None or bar.tasks[task["id"]].description != what:
+            task["id"] = bar.add_task(what, total=total, status="")
+        bar.update(task["id"], completed=done, total=total, **fields)
+
+    return on_progress
+
+
 def load_run_warned(run: Path):
     """A run folder's (meta, rows), saying on stderr when its schema version is not this moebench's or a
     torn last row was left out, and when the run did not run through (killed, interrupted, failed)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, GivenPath, emit, note, out_console, progress_bar
+from moebench.cli.console import FORMATS, GivenPath, emit, note, out_console, phase_progress, progress_bar
 from moebench.errors import UserError
 
 CHECK_COLUMNS = ("table", "experts", "intermediate", "hidden", "topk", "dtype", "M", "predicted", "source", "distance",
@@ -115,12 +115,8 @@ def fit_time(points_file, repeats, out_dir, gpus, compile_jobs, fmt, progress):
     check_pool_choice(gpus)
     for line in notes:
         note(line, "yellow")
-    bar, state = progress_bar(progress), {"task": None}
-
-    def on_progress(what: str, done: int, total: int) -> None:
-        if state["task"] is None or bar.tasks[state["task"]].description != what:
-            state["task"] = bar.add_task(what, total=total, status="")
-        bar.update(state["task"], completed=done, total=total)
+    bar = progress_bar(progress)
+    on_progress = phase_progress(bar)
 
     with bar, Pools(gpus, compile_jobs) as pools:
         result = time_points(pts, out_dir, pools, repeats=repeats, on_progress=on_progress)

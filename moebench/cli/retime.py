@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, GivenPath, emit, note, out_console, progress_bar
+from moebench.cli.console import FORMATS, GivenPath, emit, note, out_console, phase_progress, progress_bar
 from moebench.cli.shape import one_shape, shape_options
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
@@ -67,12 +67,8 @@ def retime(tables, model, hf_config, experts, hidden, intermediate, topk, tp, ep
     if interpreter:
         note("No CUDA GPU: re-timing on the Triton interpreter checks the configs run; its times are not GPU "
              "performance.", "yellow")
-    bar, state = progress_bar(progress), {"task": None}
-
-    def on_progress(what: str, done: int, total: int) -> None:
-        if state["task"] is None or bar.tasks[state["task"]].description != what:
-            state["task"] = bar.add_task(what, total=total, status="")
-        bar.update(state["task"], completed=done, total=total)
+    bar = progress_bar(progress)
+    on_progress = phase_progress(bar)
 
     with bar, Pools(gpus, compile_jobs) as pools:
         result = run_retime(planned, out_dir, pools, repeats=repeats, write=write, on_progress=on_progress)

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, GivenPath, emit, load_run_warned, note, out_console, progress_bar
+from moebench.cli.console import (
+    FORMATS,
+    GivenPath,
+    emit,
+    load_run_warned,
+    note,
+    out_console,
+    phase_progress,
+    progress_bar,
+)
 from moebench.cli.shape import one_shape, shape_options, token_counts
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
@@ -120,11 +129,11 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
                           INTERPRETER if short else _options(options), routing=routing, seed=seed, prune=not no_prune,
                           m_weights=tuple(sorted(weights.items())) if weights else ())
     bar = progress_bar(progress)
-    state = {"failures": {}, "first_error": {}, "best": {}, "task": None}
-    started = time.monotonic()
+    state = {"failures": {}, "first_error": {}, "best": {}, "started": False}
+    started, phase = time.monotonic(), phase_progress(bar)
 
     def on_progress(what: str, done: int, total: int) -> None:
-        if interpreter and state["task"] is None:  # said once the request is valid and the tune starts
+        if interpreter and not state["started"]:  # said once the request is valid and the tune starts
             note("No CUDA GPU: tuning on the Triton interpreter checks the search runs; its times are not GPU "
                  "performance.", "yellow")
             if small_ms:
@@ -133,9 +142,8 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
             if short:
                 note("No CUDA GPU, so: a short search (" + " ".join(f"{k}={v}" for k, v in request.options)
                      + "). --option chooses.", "yellow")
-        if state["task"] is None or bar.tasks[state["task"]].description != what:
-            state["task"] = bar.add_task(what, total=total, status="")
-        bar.update(state["task"], completed=done, total=total, status=_status())
+        state["started"] = True
+        phase(what, done, total, status=_status())
 
     def on_result(t) -> None:
         if not t.ok:
@@ -319,16 +327,14 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
     options = " ".join(f"{k}={v}" for k, v in getattr(get_strategy(DEFAULT), "PATH_DEFAULTS", {}).get(PATH, {}).items())
     note(f"{len(entries)} table(s), the {DEFAULT} strategy with {options or 'its defaults'}")
 
-    bar, state = progress_bar(progress), {"entry": "", "task": None, "what": None}
+    bar, state = progress_bar(progress), {"entry": ""}
+    phase = phase_progress(bar)
 
     def begin(i, entry) -> None:
         state["entry"] = f"[{i + 1}/{len(entries)}] {entry.name}"
 
     def on_progress(what: str, done: int, total: int) -> None:
-        if state["what"] != (state["entry"], what):
-            state["what"] = (state["entry"], what)
-            state["task"] = bar.add_task(f"{state['entry']}: {what}", total=total, status="")
-        bar.update(state["task"], completed=done, total=total)
+        phase(f"{state['entry']}: {what}", done, total)
 
     def end(t) -> None:
         if t.error:
