@@ -284,9 +284,11 @@ def _merge(plan, shipped: Path, repeats: int, runs_dir: Path) -> dict:
 
 
 @click.command("tune-tables")
-@click.option("--model", "models", multiple=True, help="Only this preset (repeatable). [default: every served one]")
+@click.option("--model", "models", multiple=True,
+              help="Only this preset (repeatable). [default: every entry of --list]")
 @click.option("--dtype", "dtypes", multiple=True, help="Only this dtype (repeatable).")
-@click.option("--list", "list_only", is_flag=True, help="Print the served shapes and dtypes, then exit.")
+@click.option("--list", "list_only", is_flag=True,
+              help="Print the entries (served shapes and dtypes, and the benchmark's unserved ones), then exit.")
 @click.option("--m", "ms", default=None, help="Token counts, comma list. [default: vLLM's 18: 1,2,4,...,3072,4096]")
 @click.option("--into", "into", default=Path("configs"), show_default=True, type=GivenPath(path_type=Path),
               help="Folder the tables are written into (moebench/tables/shipped for the package's own).")
@@ -313,7 +315,7 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
     if list_only:
         from rich.table import Table
 
-        table = Table(title="served shapes and dtypes")
+        table = Table(title="served shapes and dtypes (and the benchmark's unserved ones)")
         for col in ("model", "tp", "dtype", "why"):
             table.add_column(col)
         for e in entries:
