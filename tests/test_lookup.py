@@ -189,3 +189,18 @@ def test_a_fitted_config_the_device_cannot_hold_falls_back_to_the_heuristic_and_
     monkeypatch.setattr(api, "launch", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("not a resource")))
     with pytest.raises(RuntimeError, match="not a resource"):
         api.fused_moe(x, w13, w2, topk_weights, topk_ids, configs_dir=tmp_path / "mine")
+
+
+def test_profile_without_a_config_profiles_what_a_sweep_runs(tmp_path):
+    """`moebench profile` without --config takes the tables in use for moebench's kernel, as a sweep does (it
+    took the heuristic, so a profile of a tabled point showed another config than the one benchmarked)."""
+    from moebench.probes.profile import chosen_config
+
+    write(tmp_path / "shipped", dtype="fp16", device=device_name())  # tiny's own shape: E=8, N=64
+    problem = Problem(TINY, 4, "fp16")
+    spec = SweepSpec("t", (Block((TINY,), (4,), ("fp16",), ("triton",)),))
+    (point,) = validate(spec, Target.current()).points
+    assert chosen_config(problem, "triton") == (AT_4, point.source) and point.tiles == (AT_4,)
+    classic = get_path("triton-classic")
+    assert chosen_config(problem, "triton-classic") == (classic.default_config(problem), "heuristic")
+    assert chosen_config(problem, "torch") == (None, "")

@@ -71,9 +71,7 @@ def _tiles(path: MoEPath, problem: Problem, reason: str | None, tune: bool, pinn
         return (path.default_config(problem),), "tuned"
     if path.name != "triton":
         return (path.default_config(problem),), "heuristic"
-    s = problem.shape
-    chosen = lookup.choose(problem.M, s.experts, s.intermediate, problem.dtype, device_name(),
-                           path.default_config(problem), configs_dir, hidden=s.hidden, topk=s.topk)
+    chosen = lookup.for_problem(problem, path.default_config(problem), configs_dir)
     return (chosen.config,), chosen.label
 
 

@@ -44,13 +44,14 @@ def isa(model, dtype, m, fmt):
 @click.option("--config", "config_json", default=None, help='Tile config as JSON, e.g. \'{"BLOCK_SIZE_M": 16, ...}\'.')
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 def profile(model, tp, dtype, m, path_name, config_json, fmt):
-    """GPU time per kernel of one MoE layer (PyTorch profiler; GPU only)."""
+    """GPU time per kernel of one MoE layer (PyTorch profiler; GPU only), at --config or, without it, the config
+    a sweep runs (moebench's kernel: the tables in use, the fitted default, the heuristic)."""
     import json
 
     import pandas as pd
 
     from moebench.models import get_model, shard
-    from moebench.probes.profile import kernel_breakdown
+    from moebench.probes.profile import chosen_config, kernel_breakdown
     from moebench.problem import Problem
     from moebench.report import tables as report
     from moebench.tile import TileConfig
@@ -66,9 +67,13 @@ def profile(model, tp, dtype, m, path_name, config_json, fmt):
     except UserError as e:  # missing or unknown fields, values out of range
         raise UserError(f"--config: {e}") from None
     problem = Problem(shard(get_model(model), tp=tp), m, dtype)
+    source = "--config"
+    if config is None:
+        config, source = chosen_config(problem, path_name)
     table = pd.DataFrame(kernel_breakdown(problem, path_name, config))
     if fmt == "table":
-        report.render(table, "table", f"{path_name}: {problem.shape.name} {dtype} M={m}", console=out_console())
+        tiles = f", {config.label} ({source})" if config is not None else ""
+        report.render(table, "table", f"{path_name}: {problem.shape.name} {dtype} M={m}{tiles}", console=out_console())
     else:
         emit(report.render(table, fmt, "profile"))
 

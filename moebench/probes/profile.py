@@ -22,9 +22,25 @@ from moebench.tile import TileConfig
 _FLUSH_OP = "_read_all"  # the flush kernel's name, unlike any kernel of the layer
 
 
+def chosen_config(problem: Problem, path_name: str, configs_dir=None) -> tuple[TileConfig | None, str]:
+    """The config a sweep runs ``problem`` with when none is given, and its source: moebench's kernel the
+    lookup's (tables, the fitted default, the heuristic), another tunable path its default; (None, "") for a
+    path without tiles."""
+    from moebench.tables import lookup
+
+    path = get_path(path_name)
+    if not path.tunable:
+        return None, ""
+    if path.name != "triton":
+        return path.default_config(problem), "heuristic"
+    chosen = lookup.for_problem(problem, path.default_config(problem), configs_dir)
+    return chosen.config, chosen.label
+
+
 def kernel_breakdown(problem: Problem, path_name: str = "triton", config: TileConfig | None = None,
                      reps: int = 20) -> list[dict]:
-    """Rows of (kernel, calls per layer, GPU µs per layer), slowest first, and a total row."""
+    """Rows of (kernel, calls per layer, GPU µs per layer), slowest first, and a total row; without ``config``
+    the one a sweep runs (``chosen_config``)."""
     if not torch.cuda.is_available():
         raise UserError("profile needs a CUDA GPU")
     path = get_path(path_name)
@@ -32,7 +48,7 @@ def kernel_breakdown(problem: Problem, path_name: str = "triton", config: TileCo
         raise UserError(reason)
     inputs = make_inputs(problem, "cuda")
     if path.tunable and config is None:
-        config = path.default_config(problem)
+        config = chosen_config(problem, path_name)[0]
     run = path.prepare(inputs, problem, config)
     out = torch.empty(problem.M, problem.shape.hidden, device="cuda", dtype=problem.spec.act)
     flush = device_flush(torch.device("cuda", torch.cuda.current_device()), mode="read")

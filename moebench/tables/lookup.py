@@ -165,6 +165,16 @@ def fitted_or(heuristic: TileConfig, fit: Fit, where: Where, dtype: str) -> Chos
     return Chosen(fitted.config, "fitted", fitted.table.path, fitted.table_m)
 
 
+def for_problem(problem, heuristic: TileConfig, configs_dir: Path | str | None = None) -> Chosen:
+    """``choose`` for a ``moebench.problem.Problem`` on this process's device: what moebench's kernel runs for
+    it (the lookup of a sweep, a trace and ``moebench profile``)."""
+    from moebench.environment import device_name
+
+    s = problem.shape
+    return choose(problem.M, s.experts, s.intermediate, problem.dtype, device_name(), heuristic, configs_dir,
+                  hidden=s.hidden, topk=s.topk)
+
+
 def choose(M: int, experts: int, n: int, dtype: str, device_name: str, heuristic: TileConfig,
            configs_dir: Path | str | None = None, *, hidden: int, topk: int) -> Chosen:
     """The config for M tokens: the nearest key of the first table found, else the fitted default of the
