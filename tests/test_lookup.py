@@ -204,3 +204,21 @@ def test_profile_without_a_config_profiles_what_a_sweep_runs(tmp_path):
     classic = get_path("triton-classic")
     assert chosen_config(problem, "triton-classic") == (classic.default_config(problem), "heuristic")
     assert chosen_config(problem, "torch") == (None, "")
+
+
+def test_a_layer_behind_an_expert_map_is_not_fitted(tmp_path):
+    """With expert_map the ids range over the global experts, which the fit's point (slots per local expert)
+    does not describe: such a layer runs a table of its own or the heuristic sized for the global experts."""
+    import torch
+
+    from moebench.serve import api
+
+    write(tmp_path / "mine", dtype="fp16", device=device_name(), n=128)
+    x = torch.randn(4, 128).half()
+    w13, w2 = torch.randn(4, 128, 128).half(), torch.randn(4, 128, 64).half()  # 4 local experts, I=64
+    local_ids = torch.randint(0, 4, (4, 2))
+    assert api.config_for(x, w13, w2, local_ids, configs_dir=tmp_path / "mine").source == "fitted"
+    expert_map = torch.tensor([0, 1, 2, 3, -1, -1, -1, -1], dtype=torch.int32)  # 8 global experts
+    global_ids = torch.randint(0, 8, (4, 2))
+    got = api.config_for(x, w13, w2, global_ids, configs_dir=tmp_path / "mine", expert_map=expert_map)
+    assert got.source == "heuristic"

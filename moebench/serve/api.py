@@ -182,7 +182,8 @@ def _choose(layer: _Layer, quant: _Quant, configs_dir) -> lookup.Chosen:
     if layer.dtype not in DTYPES:  # no table is made for it
         return lookup.Chosen(heuristic, "heuristic")
     return lookup.choose(layer.M, layer.experts, layer.intermediate, layer.dtype, environment.device_name(layer.device),
-                         heuristic, folder, hidden=layer.hidden, topk=layer.topk)
+                         heuristic, folder, hidden=layer.hidden, topk=layer.topk,
+                         fit=layer.routed_experts == layer.experts)
 
 
 def config_for(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor, *,

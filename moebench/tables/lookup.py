@@ -172,15 +172,19 @@ def for_problem(problem, heuristic: TileConfig, configs_dir: Path | str | None =
 
     s = problem.shape
     return choose(problem.M, s.experts, s.intermediate, problem.dtype, device_name(), heuristic, configs_dir,
-                  hidden=s.hidden, topk=s.topk)
+                  hidden=s.hidden, topk=s.topk, fit=s.routed_experts == s.experts)
 
 
 def choose(M: int, experts: int, n: int, dtype: str, device_name: str, heuristic: TileConfig,
-           configs_dir: Path | str | None = None, *, hidden: int, topk: int) -> Chosen:
+           configs_dir: Path | str | None = None, *, hidden: int, topk: int, fit: bool = True) -> Chosen:
     """The config for M tokens: the nearest key of the first table found, else the fitted default of the
-    device's other tables (``hidden`` and ``topk`` place the problem), else ``heuristic``."""
+    device's other tables (``hidden`` and ``topk`` place the problem; not with ``fit=False``: a layer whose ids
+    range over more experts than it holds, an expert_map's, which the fit's point does not describe), else
+    ``heuristic``."""
     found = find_table(experts, n, device_name, dtype, configs_dir)
     if found is None:
+        if not fit:
+            return Chosen(heuristic, "heuristic")
         return fitted_or(heuristic, fit_for(device_name, configs_dir), Where(M, experts, topk, hidden, n), dtype)
     source, path, table = found
     key = table.nearest_key(M)
