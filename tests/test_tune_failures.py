@@ -155,3 +155,20 @@ def test_a_tune_that_chose_nothing_at_an_m_fails_says_where_and_why_and_records_
     (meta_file,) = out.glob("*/meta.json")
     meta = json.loads(meta_file.read_text())
     assert meta["status"] == "failed" and meta["error"] == f"NothingChosen: {line.removeprefix('tune failed: ')}"
+
+
+def test_a_tune_whose_gpu_ran_out_of_memory_says_so_and_what_leaves_more():
+    """CUDA's out-of-memory is a "resources" failure of each config it struck, but no config's fault: the line
+    of a tune that chose nothing names it apart from the configs the device cannot hold, with the remedy (the
+    H200 tune of Llama-4-Scout fp8-channel said "every config failed (253 resources)")."""
+    from moebench.tune.bench import Timed
+    from moebench.tune.run import OUT_OF_MEMORY, _nothing_chosen, _out_of_memory
+
+    oom = Timed(GOOD_A, 1, "screen", failure="resources", error="OutOfMemoryError: CUDA out of memory. Tried to ...")
+    smem = Timed(RESOURCES, 1, "screen", failure="resources", error="OutOfResources: out of resource: shared memory")
+    assert _out_of_memory(oom) and not _out_of_memory(smem)
+    line = _nothing_chosen({}, {}, {1: Counter({OUT_OF_MEMORY: 253}), 2: Counter({"resources": 4})})
+    assert line.startswith(f"no config chosen at M=1: every config failed (253 {OUT_OF_MEMORY}); M=2: every config "
+                           "failed (4 resources)")
+    assert line.endswith("fewer compile workers (--compile-jobs) leave more of it to the timing")
+    assert "--compile-jobs" not in _nothing_chosen({}, {}, {2: Counter({"resources": 4})})

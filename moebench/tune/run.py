@@ -42,6 +42,7 @@ from moebench.tune.traffic import under_traffic
 from moebench.workers.jobs import BUDGETS
 
 BEST_FILE = "best.json"
+OUT_OF_MEMORY = "out of GPU memory"  # how a tune counts a "resources" failure that was CUDA's memory running out
 CHECK_PASSES = 2  # back-to-back passes over (choice, default, known) at the end of a tune
 
 
@@ -212,7 +213,7 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
         if not t.ok:
             for M in (problems if t.phase is None else (t.M,)):
                 if M in failed:
-                    failed[M][t.failure] += 1
+                    failed[M][OUT_OF_MEMORY if _out_of_memory(t) else t.failure] += 1
 
     known_keys = {M: {c.key() for c in cands.seeds(M)} - {path.default_config(p).key()} for M, p in problems.items()}
     known: dict[int, Timed] = {}  # per M: the fastest screen of a known seed other than the default
@@ -262,9 +263,14 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
     return result
 
 
+def _out_of_memory(t: Timed) -> bool:
+    """A "resources" failure that was the GPU's memory running out, not a config the device cannot hold."""
+    return t.failure == "resources" and "out of memory" in (t.error or "").lower()
+
+
 def _nothing_chosen(chosen: dict, best: dict, failed: dict[int, Counter]) -> str | None:
     """The one line for the M where no config was chosen (or the choice failed its re-timing), and why; None
-    where every M has a choice timed."""
+    where every M has a choice timed. Where GPU memory ran out, it says so and what leaves more."""
     why: dict[str, list[int]] = {}
     for M in sorted(failed):
         if chosen.get(M) is None:
@@ -277,7 +283,9 @@ def _nothing_chosen(chosen: dict, best: dict, failed: dict[int, Counter]) -> str
         why.setdefault(reason, []).append(M)
     if not why:
         return None
-    return "no config chosen at " + "; ".join(f"M={','.join(map(str, ms))}: {r}" for r, ms in why.items())
+    hint = ("; the GPU ran out of memory: fewer compile workers (--compile-jobs) leave more of it to the timing"
+            if any(OUT_OF_MEMORY in r for r in why) else "")
+    return "no config chosen at " + "; ".join(f"M={','.join(map(str, ms))}: {r}" for r, ms in why.items()) + hint
 
 
 def _against_default(bench: PoolBench, path, problems, chosen, known: dict[int, TileConfig]) -> tuple[dict, ...]:
