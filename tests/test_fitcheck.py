@@ -168,3 +168,14 @@ def test_fit_time_needs_a_gpu(tmp_path):
     write_points(tmp_path / "p.json", _tiny_points(None), H200, [])
     done = moebench_in_process("fit-time", str(tmp_path / "p.json"), "--out", str(tmp_path / "runs"))
     assert done.returncode == 2 and "no CUDA GPU" in done.stderr and not (tmp_path / "runs").exists()
+
+
+def test_a_shipped_tables_source_run_is_found_from_any_folder(tmp_path, monkeypatch):
+    """A shipped table's source_run is relative to the checkout: fit-check finds it from another folder too
+    (run outside the checkout it found none, and showed no recorded ratio)."""
+    from moebench.report.fitcheck import source_runs
+
+    monkeypatch.chdir(tmp_path)
+    found = [t for t in SHIPPED if source_runs(t)]
+    assert found and all(source_runs(t)[0] == source_runs(t, root=ROOT)[0] for t in found)
+    assert source_runs(SHIPPED[0], root=tmp_path) == []  # a root given is the only one looked in

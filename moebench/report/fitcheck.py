@@ -109,15 +109,18 @@ class Check:
 
 
 def source_runs(table: Tuned, root: Path | None = None) -> list[Path]:
-    """The run folder a table names as its source (``source_run``, relative to ``root``, by default the current
-    folder), where it is there."""
+    """The run folder a table names as its source (``source_run``, relative to ``root``; by default the current
+    folder, else the checkout the shipped tables are in), where it is there."""
     from moebench.tables.formats.moebench import load_table
+    from moebench.tables.lookup import SHIPPED_DIR
 
     if table.path is None:
         return []
     run = load_table(table.path)[0].source_run
-    path = (root or Path.cwd()) / run if run else None
-    return [path] if path is not None and path.is_dir() else []
+    if not run:
+        return []
+    roots = [root] if root is not None else [Path.cwd(), SHIPPED_DIR.parents[2]]  # the checkout: moebench/tables/
+    return next(([r / run] for r in roots if (r / run).is_dir()), [])
 
 
 def leave_one_out(tables: Sequence[Tuned], runs: Iterable[Path] = (), limits: DeviceLimits = HOPPER,
