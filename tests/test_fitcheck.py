@@ -179,3 +179,24 @@ def test_a_shipped_tables_source_run_is_found_from_any_folder(tmp_path, monkeypa
     found = [t for t in SHIPPED if source_runs(t)]
     assert found and all(source_runs(t)[0] == source_runs(t, root=ROOT)[0] for t in found)
     assert source_runs(SHIPPED[0], root=tmp_path) == []  # a root given is the only one looked in
+
+
+def test_the_goal_per_shape_is_the_issues_never_slower_than_classic_and_a_geometric_mean_within_10pc():
+    """Per entry: a point SLOWER than the engines' default (or failed) misses whatever the mean; a tabled shape
+    misses where fitted / table over its points is over 1.10x by the geometric mean, not where one point is."""
+    from moebench.cli.fitcheck import _goal_text, goal_row
+    from moebench.report.fittime import Timing, shape_goals
+
+    def timing(model, M, vs_classic, verdict, vs_table):
+        p = {"model": model, "tp": 1, "dtype": "bf16", "M": M, "table": {} if vs_table else None}
+        return Timing(p, {}, vs_classic, verdict, vs_table, "SAME", "table" if vs_table else "heuristic")
+
+    ts = [timing("a", 1, 0.8, "FASTER", 1.25), timing("a", 2, 0.9, "FASTER", 0.98),  # one point at 1.25x: 1.107
+          timing("b", 1, 0.8, "FASTER", 1.15), timing("b", 2, 0.9, "SAME", 1.0),  # 1.072: met
+          timing("c", 1, 1.2, "SLOWER", None), timing("c", 2, None, "FAILED", None)]  # no table
+    a, b, c = shape_goals(ts)
+    assert (a.points, a.vs_table, a.meets) == (2, pytest.approx((1.25 * 0.98) ** 0.5), False)
+    assert b.meets and not b.behind_classic and b.vs_table == pytest.approx(1.15**0.5)
+    assert (c.behind_classic, c.vs_table, c.meets) == ((1, 2), None, False)
+    assert _goal_text(goal_row(a)) == "a bf16: 1.107x the table by the geometric mean"
+    assert _goal_text(goal_row(c)) == "c bf16: SLOWER than the engines' default at M=1,2"

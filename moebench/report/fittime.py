@@ -6,8 +6,10 @@ heuristic where the shape has no table), the engines' form (``triton-classic``) 
 each (``report.pairs.Pools``), each config checked against the reference first -> ``repeats`` passes, the two
 benches' order and the two configs' swapped each pass -> per M and side the median and the noise
 (``compare.point_times``, ``combined_noise``) -> the fitted config judged against each (``compare.judge``) ->
-``meets``: not SLOWER than the engines' default and at most ``GOAL_VS_TABLE`` times the table's time. Every
-timing is a row of a run folder, its ``config_source`` saying which of the three it is.
+``meets``: not SLOWER than the engines' default and at most ``GOAL_VS_TABLE`` times the table's time; per entry
+``shape_goals``: the goal as the issue states it (never SLOWER than the engines' default, within
+``GOAL_VS_TABLE`` of the table by the geometric mean). Every timing is a row of a run folder, its
+``config_source`` saying which of the three it is.
 """
 
 from __future__ import annotations
@@ -64,6 +66,40 @@ class Timing:
         if self.vs_classic is None or self.classic_verdict == "SLOWER":
             return False
         return self.other != "table" or (self.vs_other is not None and self.vs_other <= GOAL_VS_TABLE)
+
+
+@dataclass(frozen=True)
+class ShapeGoal:
+    """One entry's points against the goal of issue 47: at every point not SLOWER than the engines' default (nor
+    failed), and where the shape has a table, within ``GOAL_VS_TABLE`` of it by the geometric mean over its
+    points."""
+
+    model: str
+    tp: int
+    dtype: str
+    points: int
+    behind_classic: tuple[int, ...]  # the M where the fitted default was SLOWER than the engines' default or failed
+    vs_table: float | None  # geometric mean of fitted / table over the points both ran (None: no table)
+
+    @property
+    def meets(self) -> bool:
+        return not self.behind_classic and (self.vs_table is None or self.vs_table <= GOAL_VS_TABLE)
+
+
+def shape_goals(timings: Sequence[Timing]) -> list[ShapeGoal]:
+    """Per served entry (model, TP, dtype), in the order the points came: ``ShapeGoal``."""
+    import math
+
+    by: dict[tuple, list[Timing]] = defaultdict(list)
+    for t in timings:
+        by[(t.point["model"], t.point["tp"], t.point["dtype"])].append(t)
+    out = []
+    for (model, tp, dtype), ts in by.items():
+        behind = tuple(t.point["M"] for t in ts if t.vs_classic is None or t.classic_verdict == "SLOWER")
+        ratios = [t.vs_other for t in ts if t.other == "table" and t.vs_other]
+        mean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+        out.append(ShapeGoal(model, tp, dtype, len(ts), behind, mean))
+    return out
 
 
 @dataclass
