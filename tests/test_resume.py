@@ -289,3 +289,22 @@ def test_a_sweep_stopped_by_sigterm_then_sigkill_completes_like_an_uninterrupted
     assert meta["status"] == "complete" and meta["request"] == ref_meta["request"]
     assert [(r["previous_status"], r["rows_kept"]) for r in meta["resumed"]] == [
         ("interrupted", kept_after_term), ("killed", kept_after_kill)]
+
+
+@pytest.mark.parametrize("raised, status", [(None, "complete"), (KeyboardInterrupt(), "interrupted"),
+                                            (RuntimeError("boom"), "failed")])
+def test_a_writer_used_as_a_context_ends_the_run_as_its_block_ended(tmp_path, raised, status):
+    """``with writer:`` (retime, merge, fit-time) records complete, interrupted or failed and lets the exception
+    through, as ``end(stopped)`` in a try/finally did."""
+    def block():
+        with RunWriter(tmp_path / "run", {"sweep": "t"}):
+            if raised is not None:
+                raise raised
+
+    if raised is None:
+        block()
+    else:
+        with pytest.raises(type(raised)):
+            block()
+    meta = json.loads((tmp_path / "run" / META_FILE).read_text())
+    assert meta["status"] == status and (status != "failed" or "boom" in meta["error"])

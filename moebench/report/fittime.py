@@ -123,11 +123,11 @@ def time_points(pts: Sequence[dict], out_base: Path, pools: Pools, repeats: int 
         raise UserError(f"--repeats {repeats}: at least 1")
     target = Target.current()
     writer = open_run(out_base, "fit-time", target.interpreter, fit_time={"points": len(pts), "repeats": repeats})
-    result, stopped = FitTimes(writer.run_dir), None
+    result = FitTimes(writer.run_dir)
     by_entry: dict[tuple, list[dict]] = defaultdict(list)
     for p in pts:
         by_entry[_entry(p)].append(p)
-    try:
+    with writer:
         for (model, tp, dtype, E, I, H, topk), group in by_entry.items():
             shape = explicit_shape(E, H, I, topk, name=f"{model}@tp{tp}" if tp > 1 else model)
             problems = {p["M"]: Problem(shape, p["M"], dtype) for p in group}
@@ -142,11 +142,6 @@ def time_points(pts: Sequence[dict], out_base: Path, pools: Pools, repeats: int 
                        for kernel in ("triton", "triton-classic")}
             runs = _time(benches, configs, repeats)
             result.timings += [_judged(p, configs[p["M"]], runs) for p in group]
-    except BaseException as e:
-        stopped = e
-        raise
-    finally:
-        writer.end(stopped)
     return result
 
 

@@ -92,18 +92,12 @@ def merge(m: Merge, plan: Planned, out_base: Path, pools: Pools, *, repeats: int
     source.update({(M, a.key()): f"tuned:{m.file.name}@M={M}" for M, (a, _) in pairs.items()})
     writer = open_run(out_base, "merge", target.interpreter,
                       merge={"shipped": str(m.shipped.path), "table": m.file.name, "repeats": repeats})
-    stopped = None
-    try:
+    with writer:
         def record(t) -> None:
             writer.append(row(problems[t.M], plan.fmt.PATH, target, t, source.get((t.M, t.config.key()))))
 
         judged = time_pairs(pools.bench(plan.fmt.PATH, problems, record, on_progress), pairs, "check",
                             repeats) if both else {}
-    except BaseException as e:
-        stopped = e
-        raise
-    finally:
-        writer.end(stopped)
     entries, keys = {}, {}
     for M in sorted(set(m.tuned) | set(shipped)):
         if M not in shipped:

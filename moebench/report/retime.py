@@ -171,8 +171,7 @@ def retime(planned: Sequence[Planned], out_base: Path, pools: Pools, *, repeats:
     writer = open_run(out_base, "retime", target.interpreter, retime={
         "tables": [str(p.file.path) for p in planned], "repeats": repeats, "write": write})
     result = RetimeResult(writer.run_dir, [])
-    stopped = None
-    try:
+    with writer:
         for p in planned:
             path = get_path(p.file.kernel)
             problems = {M: Problem(p.shape, M, p.dtype) for M in p.file.table}
@@ -187,11 +186,6 @@ def retime(planned: Sequence[Planned], out_base: Path, pools: Pools, *, repeats:
             result.tables.append(Retimed(p, {M: _line(p, j, target) for M, j in judged.items()}))
         if write:
             result.written = _write_stale(result, writer.meta)
-    except BaseException as e:
-        stopped = e
-        raise
-    finally:
-        writer.end(stopped)
     return result
 
 

@@ -184,6 +184,14 @@ class RunWriter:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not _end_in_place(path, before, self.meta):
                 raise
 
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, exc_type, stopped, tb) -> bool:
+        """``with writer:`` ends the run as what left the block says (``end``), and lets an exception through."""
+        self.end(stopped)
+        return False
+
     def end(self, stopped: BaseException | None = None, **extra) -> None:
         """Finish (``finish``) with the status that what stopped the run gives: nothing, "complete"; Ctrl-C or
         SIGTERM (a KeyboardInterrupt), "interrupted" with ``stopped_by`` (the signal's name); any other
