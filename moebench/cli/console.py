@@ -15,6 +15,12 @@ from pathlib import Path
 import click
 
 FORMATS = ("table", "csv", "json")  # --format: a rich table for people, CSV or JSON for programs
+# The worker options of the commands that time on GPUs (tune, tune-tables, retime, fit-time).
+GPUS_OPTION = click.option("--gpus", type=int, default=None,
+                           help="Timing workers, one per GPU. [default: every local GPU]")
+COMPILE_JOBS_OPTION = click.option(
+    "--compile-jobs", type=click.IntRange(min=0), default=None,
+    help="Processes that compile and first-run configs. [default: cores - 1, at most 15]")
 TEXT_FORMATS = ("text", "json")  # --format of warmup, which prints one summary line rather than a table
 
 

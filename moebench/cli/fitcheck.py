@@ -8,7 +8,17 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, GivenPath, emit, note, out_console, phase_progress, progress_bar
+from moebench.cli.console import (
+    COMPILE_JOBS_OPTION,
+    FORMATS,
+    GPUS_OPTION,
+    GivenPath,
+    emit,
+    note,
+    out_console,
+    phase_progress,
+    progress_bar,
+)
 from moebench.errors import UserError
 
 CHECK_COLUMNS = ("table", "experts", "intermediate", "hidden", "topk", "dtype", "M", "predicted", "source", "distance",
@@ -90,9 +100,8 @@ def _show_checks(rows: list[dict], fmt: str) -> None:
               help="Passes over each point's configs, back to back: the spread between them is noise.")
 @click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folder of the timings is created.")
-@click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
-@click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
-              help="Processes that compile and first-run configs. [default: cores - 1, at most 15]")
+@GPUS_OPTION
+@COMPILE_JOBS_OPTION
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
 def fit_time(points_file, repeats, out_dir, gpus, compile_jobs, fmt, progress):

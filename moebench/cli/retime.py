@@ -7,7 +7,17 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, GivenPath, emit, note, out_console, phase_progress, progress_bar
+from moebench.cli.console import (
+    COMPILE_JOBS_OPTION,
+    FORMATS,
+    GPUS_OPTION,
+    GivenPath,
+    emit,
+    note,
+    out_console,
+    phase_progress,
+    progress_bar,
+)
 from moebench.cli.shape import one_shape, shape_options
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
@@ -28,9 +38,8 @@ COLUMNS = ("file", "layout", "kernel", "model", "dtype", "M", "config", "now_us"
                    "of the two configs timed, the default; the other entries are kept, the file rewritten at once.")
 @click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folder of the timings is created.")
-@click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
-@click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
-              help="Processes that compile and first-run configs. [default: cores - 1, at most 15]")
+@GPUS_OPTION
+@COMPILE_JOBS_OPTION
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
 def retime(tables, model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, repeats, write, out_dir,

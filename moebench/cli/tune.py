@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 
 from moebench.cli.console import (
+    COMPILE_JOBS_OPTION,
     FORMATS,
+    GPUS_OPTION,
     GivenPath,
     emit,
     load_run_warned,
@@ -77,11 +79,10 @@ def summary_rows(result) -> list[dict]:
 @click.option("--option", "options", multiple=True, metavar="NAME=N",
               help=f"A strategy option, repeatable ({STRATEGY_OPTIONS}).")
 @click.option("--no-prune", is_flag=True, help="Keep configs the pruning rules would drop (only unrunnable ones go).")
-@click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
+@GPUS_OPTION
 @click.option("--ray", "ray_address", default=None, is_flag=False, flag_value="auto", metavar="[ADDRESS]",
               help="Run the workers on a Ray cluster (ADDRESS; alone: Ray's default). Needs moebench[ray].")
-@click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
-              help="Processes that compile and first-run configs. [default: cores - 1, at most 15]")
+@COMPILE_JOBS_OPTION
 @click.option("--check-against", type=GivenPath(path_type=Path, file_okay=False), default=None,
               help="Another tune's run folder (e.g. an exhaustive one): its choices re-timed beside this run's.")
 @click.option("--seed", default=0, show_default=True, help="Input seed.")
@@ -294,9 +295,8 @@ def _merge(plan, shipped: Path, repeats: int, runs_dir: Path) -> dict:
               help="Folder the tables are written into (moebench/tables/shipped for the package's own).")
 @click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the tunes' run folders are created.")
-@click.option("--gpus", type=int, default=None, help="Timing workers, one per GPU. [default: every local GPU]")
-@click.option("--compile-jobs", type=click.IntRange(min=0), default=None,
-              help="Processes that compile and first-run configs. [default: cores - 1, at most 15]")
+@GPUS_OPTION
+@COMPILE_JOBS_OPTION
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
 def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs, progress):
     """Tune moebench's kernel for each preset at the TP degree and dtypes it is served in, and write the
