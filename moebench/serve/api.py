@@ -19,7 +19,7 @@ from moebench._interpret import interpreting
 from moebench.dtypes import DTYPES
 from moebench.errors import UserError
 from moebench.kernels.fused_moe import fused_moe as launch
-from moebench.quant import FP8
+from moebench.quant import FP8, scale_shape
 from moebench.tables import lookup
 from moebench.tile import TileConfig, default_config
 
@@ -157,8 +157,7 @@ def _check_weight_scales(w13: torch.Tensor, w2: torch.Tensor, quant: _Quant,
             raise UserError("fused_moe: weight scales are for fp8 weights; give fp8_scheme or no scales")
         return
     for w, scale, name in ((w13, w13_scale, "w13"), (w2, w2_scale, "w2")):
-        E, N, K = w.shape
-        want = {"tensor": (E,), "channel": (E, N), "block128": (E, -(-N // bn), -(-K // bk))}[fp8_scheme]
+        want = scale_shape(tuple(w.shape), fp8_scheme, (bn, bk))
         if scale is None or tuple(scale.shape) != want:
             got = "none" if scale is None else _shape(scale)
             raise UserError(f"fused_moe: fp8_scheme={fp8_scheme!r} needs {name}_scale [{', '.join(map(str, want))}] "
