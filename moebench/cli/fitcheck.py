@@ -149,14 +149,14 @@ def goal_row(g) -> dict:
 
 
 def _goal_text(g: dict) -> str:
-    from moebench.report.fittime import GOAL_VS_TABLE
+    from moebench.report.fittime import GOAL_VS_TABLE, entry_name
 
     what = []
     if g["behind_classic"]:
         what.append(f"SLOWER than the engines' default at M={','.join(map(str, g['behind_classic']))}")
     if g["vs_table"] is not None and g["vs_table"] > GOAL_VS_TABLE:
         what.append(f"{g['vs_table']:.3f}x the table by the geometric mean")
-    return f"{g['model']}{'@tp' + str(g['tp']) if g['tp'] > 1 else ''} {g['dtype']}: {', '.join(what)}"
+    return f"{entry_name(g['model'], g['tp'])} {g['dtype']}: {', '.join(what)}"
 
 
 def time_rows(result) -> list[dict]:
@@ -187,6 +187,8 @@ def _show_times(rows: list[dict], goals: list[dict], fmt: str) -> None:
         return
     from rich.table import Table
 
+    from moebench.report.fittime import GOAL_VS_TABLE, entry_name
+
     table = Table(title="the fitted default against the engines' default and the tuned table")
     for col in ("model", "dtype", "M", "fitted", "us", "vs classic", "vs table/heuristic", "goal"):
         table.add_column(col, justify="left" if col in ("model", "dtype", "fitted") else "right")
@@ -200,11 +202,12 @@ def _show_times(rows: list[dict], goals: list[dict], fmt: str) -> None:
                       vs(r["vs_other"], r["other_verdict"], "" if r["other"] == "table" else " (heuristic)"),
                       "ok" if r["meets"] else "MISSED", style="" if r["meets"] else "red")
     out_console().print(table)
-    shapes = Table(title="per shape: never SLOWER than the engines' default, within 1.10x of the table (geomean)")
+    shapes = Table(title=f"per shape: never SLOWER than the engines' default, within {GOAL_VS_TABLE:.2f}x of the "
+                         "table (geomean)")
     for col in ("model", "dtype", "points", "SLOWER than classic at M", "vs table (geomean)", "goal"):
         shapes.add_column(col, justify="left" if col in ("model", "dtype") else "right")
     for g in goals:
-        shapes.add_row(g["model"] + (f"@tp{g['tp']}" if g["tp"] > 1 else ""), g["dtype"], str(g["points"]),
+        shapes.add_row(entry_name(g["model"], g["tp"]), g["dtype"], str(g["points"]),
                        ",".join(map(str, g["behind_classic"])) or "-",
                        "-" if g["vs_table"] is None else f"{g['vs_table']:.3f}x",
                        "met" if g["meets"] else "MISSED", style="" if g["meets"] else "red")

@@ -108,6 +108,11 @@ class FitTimes:
     timings: list[Timing] = field(default_factory=list)
 
 
+def entry_name(model: str, tp: int) -> str:
+    """A served entry's model as the presets name it sharded: ``model@tpN`` above TP 1."""
+    return f"{model}@tp{tp}" if tp > 1 else model
+
+
 def _entry(p: dict) -> tuple:
     return p["model"], p["tp"], p["dtype"], p["experts"], p["intermediate"], p["hidden"], p["topk"]
 
@@ -129,7 +134,7 @@ def time_points(pts: Sequence[dict], out_base: Path, pools: Pools, repeats: int 
         by_entry[_entry(p)].append(p)
     with writer:
         for (model, tp, dtype, E, I, H, topk), group in by_entry.items():
-            shape = explicit_shape(E, H, I, topk, name=f"{model}@tp{tp}" if tp > 1 else model)
+            shape = explicit_shape(E, H, I, topk, name=entry_name(model, tp))
             problems = {p["M"]: Problem(shape, p["M"], dtype) for p in group}
             configs = {p["M"]: _sides(p) for p in group}
             source = {(kernel, M, cfg.key()): label for M, sides in configs.items()
