@@ -198,13 +198,17 @@ def test_slots_past_every_tuned_point_fit_from_the_largest():
 
 
 def test_gemm2_tiles_that_leave_a_partial_column_tile_keep_room_for_an_output_tile():
-    """The config that asked 278,528 bytes on gpt-oss-20b (hidden 2880) at s3 is carried there at s2; where 256
-    divides hidden (Mixtral's 4096, its own table's shape) it keeps s3."""
+    """The config that asked 278,528 bytes on gpt-oss-20b (hidden 2880) at s3, four 256-wide GEMM2 tiles per
+    program, is carried there at s2; where 256 divides hidden (Mixtral's 4096, its own table's shape) it keeps
+    s3. One such tile per program (gpt-oss-20b's own prefill configs) keeps its stages on gpt-oss-20b too."""
     wide = TileConfig(128, 128, 64, 8, 8, 3, gemm2_block_n=256, gemm2_n_tiles=4, gemm1_merged=True)
     mixtral, gpt = Where(2048, 8, 2, 4096, 14336), Where(4096, 32, 4, 2880, 2880)
     assert gemm2_smem_bytes(wide, 2, gpt.hidden) == 278_528 > HOPPER.smem_bytes
     assert fit_to(wide, mixtral, gpt, "bf16", HOPPER).num_stages == 2
     assert fit_to(wide, mixtral, mixtral, "bf16", HOPPER).num_stages == 3
+    one = replace(wide, num_stages=4, gemm2_n_tiles=1)
+    assert gemm2_smem_bytes(one, 2, gpt.hidden) == 196_608 <= HOPPER.smem_bytes
+    assert fit_to(one, gpt, gpt, "bf16", HOPPER).num_stages == 4
 
 
 def test_an_empty_batch_is_placed_as_one_token():

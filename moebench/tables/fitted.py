@@ -199,8 +199,8 @@ def fit_to(cfg: TileConfig, tuned_at: Where, where: Where, dtype: str,
       the split-full rule), and GEMM2 walks as many column tiles times K steps (a shorter intermediate size,
       more column tiles; no more than hidden holds); each a value the search space declares, and only where
       the config allows it (GEMM2's split and preload take one column tile; its split the atomic sum);
-    - num_stages lowered until the operand tiles fit shared memory, GEMM2's with an output tile
-      (``gemm2_smem_bytes``); the result must pass every pruning rule
+    - num_stages lowered until the operand tiles fit shared memory, GEMM2's with an output tile where it
+      walks several partial column tiles (``gemm2_smem_bytes``); the result must pass every pruning rule
       that says what cannot compile or run (``COMPILES``, ``OWN_RUNNABLE``).
     """
     from moebench.tune.prune import OWN_RUNNABLE, RULES, Facts, split_full, tall_tile
@@ -250,13 +250,14 @@ def fit_to(cfg: TileConfig, tuned_at: Where, where: Where, dtype: str,
 
 
 def gemm2_smem_bytes(cfg: TileConfig, nbytes: int, hidden: int) -> int:
-    """GEMM2's pipelined operand tiles, and where its tile width does not divide ``hidden`` (GEMM2's columns) one
-    float32 output tile too: a bound the fit keeps carried configs under. On gpt-oss-20b (hidden 2880) at
-    M=4096 Triton asked 278,528 bytes for 128x128x64 s3 with 256-wide GEMM2 tiles, that sum (3 x 48 KiB +
-    128 KiB), over the H200's 232,448 (``results/h200-fit-time-035a7ae``); the same tiles ran at s3 and s4 on
-    shapes whose hidden size 256 divides (Mixtral, Qwen3-235B: 4096)."""
+    """GEMM2's pipelined operand tiles, and where a program walks several column tiles (``gemm2_n_tiles``) whose
+    width does not divide ``hidden`` (GEMM2's columns) one float32 output tile too: a bound the fit keeps
+    carried configs under. On gpt-oss-20b (hidden 2880) at M=4096 Triton asked 278,528 bytes for 128x128x64 s3
+    with four 256-wide GEMM2 tiles per program, that sum (3 x 48 KiB + 128 KiB), over the H200's 232,448
+    (``results/h200-fit-time-035a7ae``); one 256-wide tile per program runs there at s4 (gpt-oss-20b's own
+    table, M = 1024-4096), and the four at s3 and s4 where 256 divides hidden (Mixtral, Qwen3-235B: 4096)."""
     n2 = cfg.gemm2_block_n or cfg.BLOCK_SIZE_N
-    out_tile = cfg.BLOCK_SIZE_M * n2 * 4 if hidden % n2 else 0
+    out_tile = cfg.BLOCK_SIZE_M * n2 * 4 if hidden % n2 and cfg.gemm2_n_tiles > 1 else 0
     return (cfg.BLOCK_SIZE_M + n2) * cfg.BLOCK_SIZE_K * nbytes * cfg.num_stages + out_tile
 
 
