@@ -16,7 +16,6 @@ from helpers import declared_do_not_specialize
 
 from moebench import _interpret
 from moebench.kernels import align
-from moebench.kernels.act_quant import GroupQuant, quantize_act
 from moebench.kernels.align import (
     ONE_PROGRAM_SLOTS,
     AlignResult,
@@ -310,28 +309,3 @@ def test_moe_align_does_not_recompile_when_M_changes(monkeypatch):
     for name, stand_in in recorded.items():  # the precondition: each kernel saw each class
         assert {_integer_class(t) for t in stand_in.num_slots} == {"one", "div16", "other"}, (name, stand_in.num_slots)
     assert [_compiled_variants(k) for k in _ALIGN_KERNELS] == before
-
-
-@pytest.mark.parametrize("case, one_program", [
-    ((3, 2, 8, 16), True),  # the one-program align
-    ((1, 8, 64, 16), False),  # one segment: the scatter launch counts its slots itself
-    ((40, 8, 64, 16), False),  # 320 slots, two segments: the count launch, then the scatter
-])
-@pytest.mark.parametrize("zero", [False, True])
-def test_align_launch_quantizes_x_as_its_own_launch_does(case, one_program, zero):
-    """x's block-128 quantization done by extra programs of the align's last launch gives the bits and scales
-    of quantize_act's own launch (and zeroes the tensor it is given), and the alignment is unchanged."""
-    M, topk, E, block_m = case
-    ids = _router_ids(M, topk, E, seed=sum(case))
-    gen = torch.Generator().manual_seed(M)
-    x = torch.randn(M, 300, generator=gen) * torch.logspace(-2, 2, M).unsqueeze(1)  # [M, 300]: 3 groups, 1 partial
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    x = x.to(device)
-    work = GroupQuant.of(x, 128, zero=torch.full_like(x, 7.0) if zero else None)
-    got = moe_align(ids.to(device), E, block_m, one_program=one_program, x_quant=work)
-    q, scale = quantize_act(x, "block128")
-    assert torch.equal(work.q.float(), q.float()) and torch.equal(work.scale, scale)
-    assert zero == (work.zero is not None) and (not zero or bool((work.zero == 0).all()))
-    res = AlignResult(got.sorted_ids.cpu(), got.expert_ids.cpu(), got.num_padded.cpu())
-    _check_definition(res, ids, E, block_m)
-    _assert_same_used(res, moe_align_reference(ids, E, block_m), block_m)

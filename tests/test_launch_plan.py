@@ -43,16 +43,8 @@ CASES = [
      dict(static=True, static_out=True, h_fp8=True, quantize_h=False, amax_out=False, quantize_x=True)),
     (replace(TILE, split_k=2), "tensor", dict(static_scales=True), GPU,  # static, split-K: a launch quantizes h
      dict(static_out=False, h_fp8=False, quantize_h=True, amax_out=False)),
-    (TILE, "block128", {}, GPU,  # fp8-block128, 64-wide tiles: a launch quantizes h's 1x128 groups; x's are
-     # quantized by the align step's last launch
-     dict(quant=QUANT_BLOCK, group_out=False, quant_out=False, h_fp8=False, quantize_h=True, quantize_x=True,
-          x_in_align=True)),
-    (DIRECT, "block128", {}, GPU,  # a tile per slot has no align launch: x's quantization has its own
-     dict(quantize_x=True, x_in_align=False)),
-    (TILE, "block128", dict(M=0), GPU,  # no slots, no align launch
-     dict(x_in_align=False)),
-    (TILE, "channel", {}, GPU,  # per-token scales need the row maxima first: their own launches
-     dict(quantize_x=True, x_in_align=False)),
+    (TILE, "block128", {}, GPU,  # fp8-block128, 64-wide tiles: a launch quantizes h's 1x128 groups
+     dict(quant=QUANT_BLOCK, group_out=False, quant_out=False, h_fp8=False, quantize_h=True)),
     (replace(TILE, BLOCK_SIZE_N=128), "block128", {}, GPU,  # 128-wide tiles: GEMM1's epilogue writes h in fp8
      dict(group_out=True, quant_out=True, h_fp8=True, quantize_h=False, swiglu=False)),
     (replace(TILE, BLOCK_SIZE_N=128, split_k=2), "block128", {}, GPU,  # split-K: _swiglu writes h in fp8

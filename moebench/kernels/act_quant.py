@@ -17,8 +17,6 @@ the maximum of each tile of h it stores: no launch reads h for its maximum).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
@@ -108,13 +106,15 @@ def _quantize_rows(x_ptr, q_ptr, amax_ptr, scale_ptr, n_amax, K, stride_x, strid
         tl.store(q_ptr + row * stride_q + offs, q, mask=offs < K)
 
 
-@triton.jit
-def quantize_group_tile(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s, row_block, g, zero_ptr, stride_z,
-                        BLOCK_R: tl.constexpr, GROUP_K: tl.constexpr, ROUND_FIRST: tl.constexpr, ZERO: tl.constexpr):
-    """Rows ``row_block`` * BLOCK_R... of x and their group ``g`` of GROUP_K columns in fp8, one scale per row.
-    ZERO: the same tile of ``zero_ptr`` [R, K] set to zero too. The work of one program of ``_quantize_groups``,
-    and of each quantizing program of another launch (``GroupQuant``)."""
-    rows = row_block * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
+@triton.jit(do_not_specialize=["R"])
+def _quantize_groups(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s, BLOCK_R: tl.constexpr,
+                     GROUP_K: tl.constexpr, ROUND_FIRST: tl.constexpr, PDL: tl.constexpr = False,
+                     zero_ptr=None, stride_z=0, ZERO: tl.constexpr = False):
+    """Grid (cdiv(R, BLOCK_R), cdiv(K, GROUP_K)): one [BLOCK_R, GROUP_K] tile, one scale per row of it.
+    ZERO: the same tile of ``zero_ptr`` [R, K] set to zero too."""
+    dependent.start(PDL)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BLOCK_R]
+    g = tl.program_id(1)
     cols = g * GROUP_K + tl.arange(0, GROUP_K)  # [GROUP_K]
     row_ok = rows < R
     ok = row_ok[:, None] & (cols < K)[None, :]
@@ -126,55 +126,6 @@ def quantize_group_tile(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, strid
     if ZERO:
         tl.store(zero_ptr + r64[:, None] * stride_z + cols[None, :], tl.zeros_like(v).to(zero_ptr.dtype.element_ty),
                  mask=ok)
-
-
-@triton.jit(do_not_specialize=["R"])
-def _quantize_groups(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s, BLOCK_R: tl.constexpr,
-                     GROUP_K: tl.constexpr, ROUND_FIRST: tl.constexpr, PDL: tl.constexpr = False,
-                     zero_ptr=None, stride_z=0, ZERO: tl.constexpr = False):
-    """Grid (cdiv(R, BLOCK_R), cdiv(K, GROUP_K)): one [BLOCK_R, GROUP_K] tile, one scale per row of it.
-    ZERO: the same tile of ``zero_ptr`` [R, K] set to zero too."""
-    dependent.start(PDL)
-    quantize_group_tile(x_ptr, q_ptr, scale_ptr, R, K, stride_x, stride_q, stride_s, tl.program_id(0),
-                        tl.program_id(1), zero_ptr, stride_z, BLOCK_R, GROUP_K, ROUND_FIRST, ZERO)
-
-
-@dataclass(frozen=True)
-class GroupQuant:
-    """x's 1 x ``group`` quantization (``block128``) as tiles of GROUP_ROWS rows by one group: its tensors, for
-    ``quantize_act``'s launch or for another launch that takes the tiles on as extra programs (the align step's,
-    so the layer has a launch fewer). ``zero``: a tensor shaped as x that the same tiles set to zero."""
-
-    x: torch.Tensor  # [R, K]
-    q: torch.Tensor  # [R, K] fp8, out
-    scale: torch.Tensor  # [R, cdiv(K, group)] float32, out
-    group: int
-    zero: torch.Tensor | None = None  # [R, K]
-
-    @classmethod
-    def of(cls, x: torch.Tensor, group: int = GROUP, zero: torch.Tensor | None = None) -> GroupQuant:
-        """The outputs of x's quantization allocated (nothing launched)."""
-        R, K = x.shape
-        assert x.stride(1) == 1
-        if zero is not None:
-            assert zero.shape == x.shape and zero.stride(1) == 1
-        return cls(x, torch.empty(R, K, device=x.device, dtype=FP8),
-                   torch.empty(R, triton.cdiv(K, group), device=x.device, dtype=torch.float32), group, zero)
-
-    @property
-    def groups(self) -> int:
-        return self.scale.shape[1]
-
-    @property
-    def tiles(self) -> int:
-        """Programs it takes: row blocks times groups."""
-        return triton.cdiv(self.x.shape[0], GROUP_ROWS) * self.groups
-
-    def tile_args(self) -> tuple:
-        """The leading arguments of ``quantize_group_tile`` (through ``stride_s``), then ``zero_ptr, stride_z``."""
-        x, q, s, z = self.x, self.q, self.scale, self.zero
-        return (x, q, s, x.shape[0], x.shape[1], x.stride(0), q.stride(0), s.stride(0), z,
-                0 if z is None else z.stride(0))
 
 
 def quantize_act(x: torch.Tensor, scheme: str, static_scale: torch.Tensor | None = None,
@@ -203,13 +154,16 @@ def quantize_act(x: torch.Tensor, scheme: str, static_scale: torch.Tensor | None
                                  BLOCK_K=block_k, BLOCK_R=1024, ROUND_FIRST=interpreting(), STATIC=True, **dep)
         return q, static_scale
     if scheme == "block128":
-        work = GroupQuant.of(x, group, zero)
+        groups = triton.cdiv(K, group)
+        scale = torch.empty(R, groups, device=x.device, dtype=torch.float32)
+        if zero is not None:
+            assert zero.shape == x.shape and zero.stride(1) == 1
         if R:
-            x_, q_, s_, R_, K_, sx, sq, ss, z, sz = work.tile_args()
-            _quantize_groups[(triton.cdiv(R, GROUP_ROWS), work.groups)](
-                x_, q_, s_, R_, K_, sx, sq, ss, BLOCK_R=GROUP_ROWS, GROUP_K=group, ROUND_FIRST=interpreting(), **dep,
-                zero_ptr=z, stride_z=sz, ZERO=z is not None)
-        return work.q, work.scale
+            _quantize_groups[(triton.cdiv(R, GROUP_ROWS), groups)](
+                x, q, scale, R, K, x.stride(0), q.stride(0), scale.stride(0),
+                BLOCK_R=GROUP_ROWS, GROUP_K=group, ROUND_FIRST=interpreting(), **dep,
+                zero_ptr=zero, stride_z=0 if zero is None else zero.stride(0), ZERO=zero is not None)
+        return q, scale
     if zero is not None:
         raise ValueError(f"the quantization launch zeroes a tensor at block128 only, not {scheme!r}")
     per_tensor = scheme == "tensor"

@@ -13,11 +13,8 @@ Past ``num_padded`` nothing is defined (consumers stop there; ``moe_align`` leav
 reference fills ``T`` and ``-1``). ``moe_align`` never synchronizes with the host: output sizes depend on
 shapes only and the token count is ``do_not_specialize``, so it is graph-capturable and a changing number
 of tokens never recompiles. Up to ``ONE_PROGRAM_SLOTS`` slots and 32 experts it is one launch of one
-program (each launch costs a few microseconds at decode); otherwise a program per segment of
-``ALIGN_SEGMENT`` slots sorts its segment by (expert, slot) and scatters it, after a launch that counts each
-segment's slots per expert where there are several segments. The last launch can also quantize x
-(``x_quant``): its extra programs take the tiles of x's block-128 quantization, which needs no slot order, so
-the layer spends no launch on it.
+program (each launch costs a few microseconds at decode); otherwise two launches (count, then scatter),
+a program per segment of ``ALIGN_SEGMENT`` slots, the scatter sorting its segment by (expert, slot).
 ``moe_align_reference`` is plain PyTorch and gives the same tensors.
 """
 
@@ -30,12 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
-from moebench._interpret import interpreting
 from moebench.errors import UserError
-from moebench.kernels.act_quant import GROUP_ROWS, GroupQuant, quantize_group_tile
 
 # Kernel arguments that carry a token count: never specialized, so no recompile when M changes.
-TOKEN_COUNT_ARGS = ("num_slots", "xq_rows")
+TOKEN_COUNT_ARGS = ("num_slots",)
 
 # Slots per segment of the two-launch align (a power of two): a program per segment counts its slots
 # per expert, then sorts them by expert, so the work grows with T, not with E * T.
@@ -119,7 +114,7 @@ def _segment_experts(ids_ptr, g, num_slots, num_experts, SEGMENT: tl.constexpr):
     return slots, tl.where(ok, ids, num_experts).to(tl.int32)
 
 
-@triton.jit(do_not_specialize=TOKEN_COUNT_ARGS[:1])
+@triton.jit(do_not_specialize=TOKEN_COUNT_ARGS)
 def _count_kernel(
     ids_ptr,  # [T] int32 or int64: expert of each slot
     counts_ptr,  # [S, E] int32, out: slots per (segment, expert)
@@ -153,53 +148,23 @@ def _scatter_kernel(
     BLOCK_E: tl.constexpr,  # next power of two > E
     BLOCK_S: tl.constexpr,  # segments' counts read per loop step
     BLOCK_C: tl.constexpr,  # experts whose padding tails one step writes (a power of two <= BLOCK_E)
-    COUNT: tl.constexpr,  # one segment (S == 1): the program counts its slots itself, no _count_kernel launch
-    xq_ptr, q_ptr, xq_scale_ptr, xq_rows, xq_cols, stride_x, stride_q, stride_s, zero_ptr, stride_z,  # QUANT_X
-    XQ_GROUPS,  # QUANT_X: x's groups per row (cdiv(xq_cols, GROUP_K))
-    QUANT_X: tl.constexpr,  # programs S... quantize x in 1 x GROUP_K groups (act_quant.GroupQuant), one tile each
-    ZERO: tl.constexpr,  # QUANT_X: and set the same tiles of zero_ptr to zero
-    GROUP_ROWS: tl.constexpr,
-    GROUP_K: tl.constexpr,
-    ROUND_FIRST: tl.constexpr,
 ):
-    """Grid (S (+ x's tiles)): program g < S writes segment g's slots into their experts' groups of sorted_ids,
-    the expert_ids of the blocks they start, and the padding tails of experts g * BLOCK_C... (every S-th
-    chunk); with QUANT_X each program from S on quantizes a tile of x, work that needs no slot order."""
+    """Grid (S,): program g writes segment g's slots into their experts' groups of sorted_ids, the
+    expert_ids of the blocks they start, and the padding tails of experts g * BLOCK_C... (every S-th chunk)."""
     g = tl.program_id(0)
-    if QUANT_X and g >= num_segments:
-        tile = g - num_segments
-        quantize_group_tile(xq_ptr, q_ptr, xq_scale_ptr, xq_rows, xq_cols, stride_x, stride_q, stride_s,
-                            tile // XQ_GROUPS, tile % XQ_GROUPS, zero_ptr, stride_z, GROUP_ROWS, GROUP_K, ROUND_FIRST,
-                            ZERO)
-    else:
-        _scatter_segment(ids_ptr, counts_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, num_segments,
-                         num_experts, g, BLOCK_M, PAD_M, SEGMENT, LOG_SEGMENT, BLOCK_E, BLOCK_S, BLOCK_C, COUNT)
 
-
-@triton.jit
-def _scatter_segment(ids_ptr, counts_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, num_segments,
-                     num_experts, g, BLOCK_M: tl.constexpr, PAD_M: tl.constexpr, SEGMENT: tl.constexpr,
-                     LOG_SEGMENT: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
-                     COUNT: tl.constexpr):
-    """Segment g's part of the scatter (the arguments are ``_scatter_kernel``'s)."""
     # Slots per expert (all segments), each expert's slots in the segments before g, and in segment g.
     offs_e = tl.arange(0, BLOCK_E)
-    if COUNT:  # the only segment: its own histogram, bin E (slots of no expert) left out
-        _, experts = _segment_experts(ids_ptr, g, num_slots, num_experts, SEGMENT)
-        in_segment = tl.where(offs_e < num_experts, tl.histogram(experts, BLOCK_E), 0)  # [BLOCK_E]
-        counts = in_segment
-        before = tl.zeros([BLOCK_E], dtype=tl.int32)
-    else:
-        counts = tl.zeros([BLOCK_E], dtype=tl.int32)
-        before = tl.zeros([BLOCK_E], dtype=tl.int32)
-        in_segment = tl.zeros([BLOCK_E], dtype=tl.int32)
-        for sb in range(0, num_segments, BLOCK_S):
-            rows = sb + tl.arange(0, BLOCK_S)  # [BLOCK_S]
-            ok = (rows < num_segments)[:, None] & (offs_e < num_experts)[None, :]
-            tile = tl.load(counts_ptr + rows[:, None] * num_experts + offs_e[None, :], mask=ok, other=0)
-            counts += tl.sum(tile, axis=0)
-            before += tl.sum(tl.where((rows < g)[:, None], tile, 0), axis=0)
-            in_segment += tl.sum(tl.where((rows == g)[:, None], tile, 0), axis=0)
+    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    before = tl.zeros([BLOCK_E], dtype=tl.int32)
+    in_segment = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for sb in range(0, num_segments, BLOCK_S):
+        rows = sb + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+        ok = (rows < num_segments)[:, None] & (offs_e < num_experts)[None, :]
+        tile = tl.load(counts_ptr + rows[:, None] * num_experts + offs_e[None, :], mask=ok, other=0)
+        counts += tl.sum(tile, axis=0)
+        before += tl.sum(tl.where((rows < g)[:, None], tile, 0), axis=0)
+        in_segment += tl.sum(tl.where((rows == g)[:, None], tile, 0), axis=0)
     # Where each expert's group starts: exclusive prefix sum of the padded counts.
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M  # [BLOCK_E]
     starts = tl.cumsum(padded, axis=0) - padded  # [BLOCK_E]
@@ -245,30 +210,8 @@ def _align_one_program(
     BLOCK_T: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_B: tl.constexpr,
-    xq_ptr, q_ptr, xq_scale_ptr, xq_rows, xq_cols, stride_x, stride_q, stride_s, zero_ptr, stride_z,  # QUANT_X
-    XQ_GROUPS,
-    QUANT_X: tl.constexpr,  # programs 1... quantize x, a tile each (as _scatter_kernel's)
-    ZERO: tl.constexpr,
-    GROUP_ROWS: tl.constexpr,
-    GROUP_K: tl.constexpr,
-    ROUND_FIRST: tl.constexpr,
 ):
-    """Grid (1 (+ x's tiles)): the whole align step for at most BLOCK_T slots, from one [BLOCK_T, BLOCK_E]
-    one-hot tile; with QUANT_X each program from 1 on quantizes a tile of x."""
-    pid = tl.program_id(0)
-    if QUANT_X and pid > 0:
-        quantize_group_tile(xq_ptr, q_ptr, xq_scale_ptr, xq_rows, xq_cols, stride_x, stride_q, stride_s,
-                            (pid - 1) // XQ_GROUPS, (pid - 1) % XQ_GROUPS, zero_ptr, stride_z, GROUP_ROWS, GROUP_K,
-                            ROUND_FIRST, ZERO)
-    else:
-        _align_all(ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, num_experts, BLOCK_M, BLOCK_T,
-                   BLOCK_E, BLOCK_B)
-
-
-@triton.jit
-def _align_all(ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slots, num_experts, BLOCK_M: tl.constexpr,
-               BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):
-    """The one-program align (the arguments are ``_align_one_program``'s)."""
+    """Grid (1,): the whole align step for at most BLOCK_T slots, from one [BLOCK_T, BLOCK_E] one-hot tile."""
     offs_t = tl.arange(0, BLOCK_T)
     offs_e = tl.arange(0, BLOCK_E)
     ids = tl.load(ids_ptr + offs_t, mask=offs_t < num_slots, other=-1)  # [BLOCK_T]
@@ -297,21 +240,16 @@ def _align_all(ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_slot
     tl.store(sorted_ids_ptr + pos, offs_t, mask=tl.sum(hit, axis=1) != 0)
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_program: bool | None = None,
-              x_quant: GroupQuant | None = None) -> AlignResult:
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_program: bool | None = None) -> AlignResult:
     """Group the slots of ``topk_ids`` [M, topk] by expert, padded to ``block_m``; no host sync.
 
     Ids must lie in [0, num_experts); a slot with an id outside that range is dropped.
     ``one_program`` forces (True) or refuses (False) the single-program kernel; None picks it
     where it fits (tests use the flag to run both on the same cases).
-    ``x_quant``: x's group quantization, done by extra programs of the align's last launch (no launch of its
-    own; its outputs are ``x_quant.q`` and ``x_quant.scale``).
     """
     _check_align_args(topk_ids, num_experts, block_m)
     T = topk_ids.numel()
     if T == 0:
-        if x_quant is not None and x_quant.tiles:
-            raise ValueError("x's quantization rides on the align launch, which an empty batch does not make")
         return _empty_result(T, num_experts, block_m, topk_ids.device)
     n, dev = max_padded_len(T, num_experts, block_m), topk_ids.device
     out = AlignResult(  # the align kernels write every entry the GEMMs read
@@ -320,44 +258,27 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_progra
         num_padded=torch.empty(1, dtype=torch.int32, device=dev),  # [1]
     )
     ids = topk_ids.contiguous().view(-1)  # [T]
-    xq = _quant_args(x_quant)
-    extra = x_quant.tiles if x_quant is not None else 0
     fits = T <= ONE_PROGRAM_SLOTS and num_experts <= _ONE_PROGRAM_EXPERTS
     if one_program or (one_program is None and fits):
         if not fits:
             raise ValueError(f"the one-program align takes up to {ONE_PROGRAM_SLOTS} slots and "
                              f"{_ONE_PROGRAM_EXPERTS} experts, got {T} and {num_experts}")
-        _align_one_program[(1 + extra,)](
+        _align_one_program[(1,)](
             ids, out.sorted_ids, out.expert_ids, out.num_padded, T, num_experts, BLOCK_M=block_m,
-            BLOCK_T=ONE_PROGRAM_SLOTS, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_B=64, **xq, num_warps=8,
+            BLOCK_T=ONE_PROGRAM_SLOTS, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_B=64, num_warps=8,
         )
         return out
     segments = triton.cdiv(T, ALIGN_SEGMENT)
     block_e = triton.next_power_of_2(num_experts + 1)
-    count = segments == 1  # one segment: the scatter program counts its slots itself
-    counts = None
-    if not count:
-        counts = torch.empty(segments, num_experts, dtype=torch.int32, device=dev)  # [S, E]
-        _count_kernel[(segments,)](ids, counts, T, num_experts, SEGMENT=ALIGN_SEGMENT, BLOCK_E=block_e)
-    _scatter_kernel[(segments + extra,)](
+    counts = torch.empty(segments, num_experts, dtype=torch.int32, device=dev)  # [S, E]
+    _count_kernel[(segments,)](ids, counts, T, num_experts, SEGMENT=ALIGN_SEGMENT, BLOCK_E=block_e)
+    _scatter_kernel[(segments,)](
         ids, counts, out.sorted_ids, out.expert_ids, out.num_padded, T, segments, num_experts, BLOCK_M=block_m,
         PAD_M=triton.next_power_of_2(block_m), SEGMENT=ALIGN_SEGMENT,
         LOG_SEGMENT=ALIGN_SEGMENT.bit_length() - 1, BLOCK_E=block_e, BLOCK_S=_BLOCK_S,
-        BLOCK_C=min(64, block_e), COUNT=count, **xq,
+        BLOCK_C=min(64, block_e),
     )
     return out
-
-
-def _quant_args(x_quant: GroupQuant | None) -> dict:
-    """The align kernels' QUANT_X arguments: x's quantization tiles (``act_quant.GroupQuant``), or none."""
-    if x_quant is None:
-        return dict(xq_ptr=None, q_ptr=None, xq_scale_ptr=None, xq_rows=0, xq_cols=0, stride_x=0, stride_q=0,
-                    stride_s=0, zero_ptr=None, stride_z=0, XQ_GROUPS=1, QUANT_X=False, ZERO=False,
-                    GROUP_ROWS=GROUP_ROWS, GROUP_K=16, ROUND_FIRST=False)
-    x, q, s, R, K, sx, sq, ss, z, sz = x_quant.tile_args()
-    return dict(xq_ptr=x, q_ptr=q, xq_scale_ptr=s, xq_rows=R, xq_cols=K, stride_x=sx, stride_q=sq, stride_s=ss,
-                zero_ptr=z, stride_z=sz, XQ_GROUPS=x_quant.groups, QUANT_X=True, ZERO=z is not None,
-                GROUP_ROWS=GROUP_ROWS, GROUP_K=x_quant.group, ROUND_FIRST=interpreting())
 
 
 def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> AlignResult:

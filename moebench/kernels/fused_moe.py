@@ -1,8 +1,7 @@
 """The fused-MoE layer on the host: routed tokens in, the layer's output out, with no host synchronization.
 
 1. the align step groups the token slots by expert (``align.moe_align``), or a tile per slot skips it;
-2. x is quantized to fp8 where the scheme needs it (``act_quant``), unless GEMM1 does it in its K loop; at
-   fp8-block128 with an align step, that step's last launch does it (extra programs, no launch of its own);
+2. x is quantized to fp8 where the scheme needs it (``act_quant``), unless GEMM1 does it in its K loop;
 3. ``gemm1._gemm1_swiglu`` writes ``h = silu(x @ gate.T) * (x @ up.T)`` ``[T, I]``;
 4. ``gemm2._gemm2_combine`` multiplies h by w2 and adds each slot's row, times its routed weight, into
    its token's row of the output ``[M, hidden]``.
@@ -24,7 +23,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from moebench._interpret import interpreting
 from moebench.errors import UserError
 from moebench.kernels import pdl as dependent
-from moebench.kernels.act_quant import GroupQuant, quantize_act
+from moebench.kernels.act_quant import quantize_act
 from moebench.kernels.align import max_padded_len, moe_align
 from moebench.kernels.gemm1 import _gemm1_swiglu, _swiglu
 from moebench.kernels.gemm2 import TOPK_SUM_BLOCK, _gemm2_combine, _topk_sum
@@ -101,7 +100,6 @@ class LaunchPlan:
     zero: str  # who zeroes the atomic sums: "gemm1", "x_quant" (x's quantization launch), "launch", "none"
     x_quant: bool  # GEMM1 quantizes x's 1x128 groups in its K loop (gemm1_quant_x)
     quantize_x: bool  # a launch quantizes x
-    x_in_align: bool  # that launch is the align step's last (block-scaled x: its tiles need no slot order)
     split: int  # GEMM1 split-K: programs per tile, partial sums added by the _swiglu launch
     group_out: bool  # GEMM1's epilogue writes h in fp8 with a scale per 1x128 group (one group per tile row)
     quant_out: bool  # h written in fp8 with group scales, by GEMM1's epilogue or the _swiglu launch
@@ -201,7 +199,6 @@ def launch_plan(config: TileConfig, fp8_scheme: str | None, shapes: LayerShapes,
         pdl=config.direct_route and device.pdl and not shapes.remote_slots,
         round_first=device.interpreting, slots=T, align=not config.direct_route, max_blocks=max_blocks,
         sums=sums, zero=zero, x_quant=x_quant, quantize_x=quant != QUANT_NONE and not x_quant,
-        x_in_align=quant == QUANT_BLOCK and not x_quant and not config.direct_route and T > 0,
         split=split, group_out=group_out, quant_out=quant_out, static_out=static_out,
         # A dynamic per-tensor scale of h from the maxima of GEMM1's tiles, so no launch reads h for it (with
         # split-K the _swiglu launch writes h, and h's quantization finds its maximum itself).
@@ -294,6 +291,13 @@ def fused_moe(
     dep = dependent.launch_kwargs(plan.pdl)
     launch = dict(QUANT=plan.quant, TOPK=topk_ids.shape[1], **_launch_args(config), **dep)
 
+    if plan.align:
+        align = moe_align(topk_ids, w13.shape[0], config.BLOCK_SIZE_M)
+        sorted_ids, expert_ids, num_padded = align.sorted_ids, align.expert_ids, align.num_padded
+    else:  # a tile per slot: topk_ids serves as the tiles' expert ids
+        ids = topk_ids.reshape(-1)  # [T]
+        sorted_ids, expert_ids, num_padded = ids, ids, ids
+
     act_dtype = x.dtype
     if out is None:
         out = torch.empty(M, H, device=x.device, dtype=act_dtype)
@@ -305,22 +309,9 @@ def fused_moe(
     else:
         acc = None
     zero = plan.zero == "gemm1"
-    x_zero = acc if plan.zero == "x_quant" else None
-    x_group = GroupQuant.of(x, plan.scale_k, x_zero) if plan.x_in_align else None
-    if plan.align:
-        align = moe_align(topk_ids, w13.shape[0], config.BLOCK_SIZE_M, x_quant=x_group)
-        sorted_ids, expert_ids, num_padded = align.sorted_ids, align.expert_ids, align.num_padded
-    else:  # a tile per slot: topk_ids serves as the tiles' expert ids
-        ids = topk_ids.reshape(-1)  # [T]
-        sorted_ids, expert_ids, num_padded = ids, ids, ids
-
-    if x_group is not None:
-        a1, a1_scale = x_group.q, x_group.scale  # [M, H] fp8, [M, cdiv(H, block_k)]: quantized by the align
-    elif plan.quantize_x:
-        a1, a1_scale = quantize_act(x, plan.act_scheme, act_scale[:1] if static else None, pdl=plan.pdl,
-                                    zero=x_zero, group=plan.scale_k)
-    else:
-        a1, a1_scale = x, None
+    a1, a1_scale = quantize_act(x, plan.act_scheme, act_scale[:1] if static else None, pdl=plan.pdl,
+                                zero=acc if plan.zero == "x_quant" else None,
+                                group=plan.scale_k) if plan.quantize_x else (x, None)
     if plan.zero == "launch":
         acc.zero_()
 
