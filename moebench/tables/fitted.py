@@ -176,11 +176,14 @@ def _pow2_ceil(v: int) -> int:
     return 1 << max(0, math.ceil(math.log2(v)))
 
 
-def _carried(value: int, scale: float, values: Sequence[int], cap: int) -> int:
-    """The one of ``values`` nearest ``value * scale`` in ratio (the smaller on a tie), at most ``cap`` (the
-    smallest of ``values`` where none is)."""
+def _carried(value: int, scale: float, values: Sequence[int], cap: int, down: bool = False) -> int:
+    """The one of ``values`` nearest ``value * scale`` in ratio (the smaller on a tie; with ``down`` the largest
+    not above it), at most ``cap`` (the smallest of ``values`` where none is)."""
     want = math.log2(value * scale)
-    return min([v for v in values if v <= cap] or [min(values)], key=lambda v: (abs(math.log2(v) - want), v))
+    allowed = [v for v in values if v <= cap] or [min(values)]
+    if down:
+        return max([v for v in allowed if math.log2(v) <= want + 1e-9] or [min(allowed)])
+    return min(allowed, key=lambda v: (abs(math.log2(v) - want), v))
 
 
 def fit_to(cfg: TileConfig, tuned_at: Where, where: Where, dtype: str,
@@ -224,12 +227,12 @@ def fit_to(cfg: TileConfig, tuned_at: Where, where: Where, dtype: str,
     space = {dim.name: dim.values for dim in OWN_DIMS}
     steps1 = -(-tuned_at.hidden // cfg.BLOCK_SIZE_K), -(-where.hidden // d["BLOCK_SIZE_K"])  # GEMM1's K steps
     steps2 = -(-tuned_at.intermediate // cfg.BLOCK_SIZE_K), -(-where.intermediate // d["BLOCK_SIZE_K"])  # GEMM2's
-    d["split_k"] = _carried(cfg.split_k, steps1[1] / steps1[0], space["split_k"], steps1[1] // 2)
+    d["split_k"] = _carried(cfg.split_k, steps1[1] / steps1[0], space["split_k"], steps1[1] // 2, down=True)
     if cfg.gemm2_split_k == 1 and not cfg.gemm2_preload:
         d["gemm2_n_tiles"] = _carried(cfg.gemm2_n_tiles, steps2[0] / steps2[1], space["gemm2_n_tiles"],
                                       -(-where.hidden // (d["gemm2_block_n"] or d["BLOCK_SIZE_N"])))
     d["gemm2_split_k"] = 1 if not cfg.atomic_sum or d["gemm2_n_tiles"] > 1 else _carried(
-        cfg.gemm2_split_k, steps2[1] / steps2[0], space["gemm2_split_k"], steps2[1] // 2)
+        cfg.gemm2_split_k, steps2[1] / steps2[0], space["gemm2_split_k"], steps2[1] // 2, down=True)
     try:
         out = TileConfig(**d)
         while tall_tile(out, facts):
