@@ -159,6 +159,18 @@ def test_a_split_keeps_the_k_steps_of_a_program_where_the_grid_is_small():
     assert fit_to(split, tuned_at, full, "bf16", HOPPER).split_k == 1
 
 
+def test_a_split_is_carried_down_so_a_longer_k_adds_one_only_where_it_holds_the_steps_again():
+    """A split rounds down: K 1.41x longer (gpt-oss-120b's 2880 against Qwen3's 2048) adds no split to a config
+    tuned without one, nor a GEMM2 split to one tuned with none; twice the K doubles a split, 1.41x keeps it."""
+    tuned_at = replace(AT, M=1)
+    wider = replace(tuned_at, hidden=2880, intermediate=1080)  # 23 K steps against 16; GEMM2's 9 against 6
+    assert fit_to(BASE, tuned_at, wider, "bf16", HOPPER).split_k == 1
+    assert fit_to(BASE, tuned_at, wider, "bf16", HOPPER).gemm2_split_k == 1
+    split = replace(BASE, split_k=2, direct_route=True)
+    assert fit_to(split, tuned_at, wider, "bf16", HOPPER).split_k == 2
+    assert fit_to(split, tuned_at, replace(wider, hidden=2 * AT.hidden), "bf16", HOPPER).split_k == 4
+
+
 def test_gemm2_walks_more_column_tiles_where_its_k_is_shorter():
     walk = replace(BASE, gemm2_n_tiles=1)
     shorter = replace(AT, intermediate=AT.intermediate // 4)  # 6 K steps of GEMM2 where tuned, 2 here
