@@ -197,10 +197,11 @@ def fit_to(cfg: TileConfig, tuned_at: Where, where: Where, dtype: str,
     - a tile per slot (and what needs it: x quantized by GEMM1, GEMM2's preload) only where slots are few
       against experts (the direct-many rule); GEMM1 quantizing x only at fp8-block128; TMA only on rows of a
       multiple of 16 bytes;
-    - the work of a program along K as where tuned: splits over K give each program as many K steps as they
-      did there (a longer K, a larger split; two steps at least; none where the unsplit grid fills two waves,
-      the split-full rule), and GEMM2 walks as many column tiles times K steps (a shorter intermediate size,
-      more column tiles; no more than hidden holds); each a value the search space declares, and only where
+    - the work of a program along K as where tuned: splits over K give each program at least as many K steps
+      as they did there (a K twice as long, twice the split, rounded down: a K 1.41x longer adds none; two
+      steps at least; none where the unsplit grid fills two waves, the split-full rule), and GEMM2 walks as
+      many column tiles times K steps (a shorter intermediate size, more column tiles; no more than hidden
+      holds); each a value the search space declares, and only where
       the config allows it (GEMM2's split and preload take one column tile; its split the atomic sum);
     - num_stages lowered until the operand tiles fit shared memory, GEMM2's with an output tile where it
       walks several partial column tiles (``gemm2_smem_bytes``); the result must pass every pruning rule
