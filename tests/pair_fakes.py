@@ -1,4 +1,4 @@
-"""A stand-in for ``report.pairs.Pools`` whose benches answer in this process from a table of made-up times, for
+"""A stand-in for ``workers.pools.Pools`` whose benches answer in this process from a table of made-up times, for
 tests/test_retime.py and tests/test_merge_with.py: no GPU, no worker process, no kernel run.
 
 A config's time is ``times[config key]`` (``BASE_US`` for any other), the same at every M; its p20 and p80 are 1%
@@ -9,7 +9,7 @@ in ``broken`` fails to compile. Every timing goes to the bench's ``on_result``, 
 from __future__ import annotations
 
 from moebench.tile import TileConfig
-from moebench.tune.bench import Bench, Timed
+from moebench.workers.bench import Bench, Timed
 
 BASE_US = 100.0
 

@@ -11,10 +11,7 @@ import pytest
 from helpers import moebench_in_process
 from pair_fakes import pools_with
 
-from moebench.dtypes import DTYPES
-from moebench.errors import UserError
-from moebench.kernels.classic import default_config as classic_default
-from moebench.report.fitcheck import (
+from moebench.audit.fitcheck import (
     POINTS_FORMAT,
     heuristic,
     leave_one_out,
@@ -23,7 +20,10 @@ from moebench.report.fitcheck import (
     recorded_times,
     write_points,
 )
-from moebench.report.fittime import GOAL_VS_TABLE, read_points, time_points
+from moebench.audit.fittime import GOAL_VS_TABLE, read_points, time_points
+from moebench.dtypes import DTYPES
+from moebench.errors import UserError
+from moebench.kernels.classic import default_config as classic_default
 from moebench.store.runfolder import load_run
 from moebench.tables import lookup
 from moebench.tables.fitted import BORROW, CLASS_OF, Tuned, Where
@@ -173,7 +173,7 @@ def test_fit_time_needs_a_gpu(tmp_path):
 def test_a_shipped_tables_source_run_is_found_from_any_folder(tmp_path, monkeypatch):
     """A shipped table's source_run is relative to the checkout: fit-check finds it from another folder too
     (run outside the checkout it found none, and showed no recorded ratio)."""
-    from moebench.report.fitcheck import source_runs
+    from moebench.audit.fitcheck import source_runs
 
     monkeypatch.chdir(tmp_path)
     found = [t for t in SHIPPED if source_runs(t)]
@@ -184,8 +184,8 @@ def test_a_shipped_tables_source_run_is_found_from_any_folder(tmp_path, monkeypa
 def test_the_goal_per_shape_is_the_issues_never_slower_than_classic_and_a_geometric_mean_within_10pc():
     """Per entry: a point SLOWER than the engines' default (or failed) misses whatever the mean; a tabled shape
     misses where fitted / table over its points is over 1.10x by the geometric mean, not where one point is."""
+    from moebench.audit.fittime import Timing, shape_goals
     from moebench.cli.fitcheck import _goal_text, goal_row
-    from moebench.report.fittime import Timing, shape_goals
 
     def timing(model, M, vs_classic, verdict, vs_table):
         p = {"model": model, "tp": 1, "dtype": "bf16", "M": M, "table": {} if vs_table else None}

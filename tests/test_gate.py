@@ -68,6 +68,24 @@ def test_most_injected_slowdowns_are_caught(baseline):
     assert caught >= 0.9 * len(new)
 
 
+@pytest.mark.parametrize("repeat", REPEATS, ids=lambda p: p.name)
+def test_a_baseline_of_the_same_code_is_not_called_stale(baseline, repeat):
+    assert gate(baseline, runs.load([repeat]).rows, DEFAULT_PCT).stale == []
+
+
+@pytest.mark.parametrize("point", [0, 7, 19])  # a decode, a middle and a prefill point of the sorted run
+def test_a_point_faster_than_the_baseline_beyond_noise_is_named_stale_and_passes(baseline, point):
+    """A point 20% faster than the baseline (the code has outrun it): the gate passes but names that point
+    alone as stale, since a regression there of up to the gain would pass unseen."""
+    new = runs.load([REPEATS[0]]).rows.sort_values(["model", "M", "path"]).reset_index(drop=True)
+    faster = new.copy()
+    faster.loc[point, ["time_us", "time_p20_us", "time_p80_us"]] *= 0.80
+    result = gate(baseline, faster, DEFAULT_PCT)
+    r = new.loc[point]
+    (line,) = result.stale
+    assert line.startswith(f"{r['model']} bf16 M={r['M']} {r['path']}:") and result.exit_status == 0
+
+
 def test_a_point_that_fails_now_is_a_regression(baseline):
     new = runs.load([REPEATS[0]]).rows
     new.loc[0, ["status", "time_us"]] = ["incorrect", None]

@@ -13,14 +13,14 @@ from pair_fakes import BASE_US, pools_with
 from test_export import CLASSIC, META, tune_rows, write_run
 
 from moebench import _interpret
-from moebench.report import pairs as pairs_module
-from moebench.report.merge import merge, prepare
+from moebench.audit.merge import merge, prepare
 from moebench.store.runfolder import load_run
 from moebench.tables.export import SIDECAR, plan_export, write_export
 from moebench.tables.formats import moebench as tiles
 from moebench.tables.formats import vllm
 from moebench.tables.table import ConfigTable
 from moebench.tile import TileConfig
+from moebench.workers import pools as pools_module
 
 MS = [1, 16, 64, 256]
 NAME = vllm.file_name(8, 14336, "NVIDIA H200", "bf16")  # the synthetic tune's table (mixtral-8x7b bf16)
@@ -72,7 +72,7 @@ def test_merge_keeps_the_faster_entry_per_M_and_every_other_key(run, tmp_path):
 
 def test_the_cli_merges_on_a_gpu(run, tmp_path, monkeypatch):
     monkeypatch.setattr(_interpret, "interpreting", lambda: False)
-    monkeypatch.setattr(pairs_module, "Pools", pools_with(TIMES))
+    monkeypatch.setattr(pools_module, "Pools", pools_with(TIMES))
     shipped = shipped_file(tmp_path / "engine")
     done = moebench_in_process("export-configs", str(run), "--out", "out", "--merge-with", str(shipped),
                                "--runs", "runs", cwd=tmp_path)
@@ -98,7 +98,7 @@ def _own_table(p: Path) -> str:
     (lambda p: str(shipped_file(p)), "no CUDA GPU here"),  # right file, but timing needs a GPU
 ])
 def test_bad_merge_inputs_are_one_line_exit_2_and_write_nothing(run, tmp_path, monkeypatch, shipped, fragment):
-    monkeypatch.setattr(pairs_module, "Pools", pools_with(TIMES))
+    monkeypatch.setattr(pools_module, "Pools", pools_with(TIMES))
     file = shipped(tmp_path)
     done = moebench_in_process("export-configs", str(run), "--out", "out", "--merge-with", file, "--runs", "runs",
                                cwd=tmp_path)

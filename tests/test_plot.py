@@ -283,12 +283,6 @@ def test_png_bytes_follow_the_dpi(kernels):
     assert width[100] == pytest.approx(2 * width[50], abs=2)
 
 
-def test_best_file_is_the_name_a_tune_writes():
-    from moebench.tune.run import BEST_FILE
-
-    assert plot.BEST_FILE == BEST_FILE
-
-
 def test_a_best_json_that_is_not_a_tunes_is_a_user_error_naming_it(tmp_path):
     folder = make_tune(tmp_path / "t")
     (folder / plot.BEST_FILE).write_text('{"configs": {"one": {}}}')  # an M that is no number

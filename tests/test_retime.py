@@ -12,10 +12,9 @@ import pytest
 from helpers import moebench_in_process
 from pair_fakes import pools_with
 
+from moebench.audit import retime as retime_module
+from moebench.audit.pairs import Judged, against, time_pairs
 from moebench.kernels.classic import default_config
-from moebench.report import pairs as pairs_module
-from moebench.report import retime as retime_module
-from moebench.report.pairs import Judged, against, time_pairs
 from moebench.store.runfolder import load_run
 from moebench.tables.export import SIDECAR
 from moebench.tables.files import read_table
@@ -23,6 +22,7 @@ from moebench.tables.formats import moebench as tiles
 from moebench.tables.formats import sglang
 from moebench.tables.table import ConfigTable
 from moebench.tile import TileConfig
+from moebench.workers import pools as pools_module
 
 NAME = "E=8,N=64,device_name=NVIDIA_H200.json"  # the tiny preset's shape, as vLLM names it
 GOOD = TileConfig(16, 32, 64, 1, 4, 2)  # as fast as the default
@@ -41,7 +41,7 @@ def write_table(folder: Path, entries: dict[int, TileConfig], name: str = NAME, 
 @pytest.fixture
 def fake(monkeypatch):
     """Benches of made-up times in place of the worker pools."""
-    monkeypatch.setattr(pairs_module, "Pools", pools_with(TIMES))
+    monkeypatch.setattr(pools_module, "Pools", pools_with(TIMES))
 
 
 def retime_cli(*args: str, cwd: Path):
@@ -83,7 +83,7 @@ def test_write_replaces_only_the_stale_entries(tmp_path, fake):
 
 
 def test_a_failing_entry_is_stale_and_written_over(tmp_path, monkeypatch):
-    monkeypatch.setattr(pairs_module, "Pools", pools_with(TIMES, broken=(SLOW,)))
+    monkeypatch.setattr(pools_module, "Pools", pools_with(TIMES, broken=(SLOW,)))
     table = write_table(tmp_path, {16: SLOW, 64: FAST})
     done = retime_cli(str(table), "--model", "tiny", "--write", "--format", "json", "--out", "runs", cwd=tmp_path)
     assert done.returncode == 1

@@ -18,6 +18,7 @@ from moebench._interpret import interpreting
 from moebench.cli.trace import trace as trace_command
 from moebench.errors import UserError
 from moebench.models import get_model
+from moebench.report.trace_summary import EVENT_COLUMNS, events_table, summarize
 from moebench.serve import streams, trace, triton_cache
 from moebench.serve.jit_watch import (
     CompileWatch,
@@ -27,6 +28,7 @@ from moebench.serve.jit_watch import (
     specialized,
 )
 from moebench.store.resume import Interrupted
+from moebench.store.rows import TRACE_REQUEST_COLUMNS
 from moebench.tile import TileConfig
 
 # ---- request streams ------------------------------------------------------------------------------------
@@ -109,22 +111,22 @@ def test_summary_from_rows():
     rows[3] = _row(3, 4.0, 0.5, ["_gemm1_swiglu", "_gemm2_combine"], [1.0, 2.0], [False, True])
     rows[25] = _row(25, 26.0, 0.5, ["_gemm1_swiglu"], [0.5], [False])
     rows[40] = _row(40, 41.0, 45.0)  # warm slower than cold: no negative excess in the total
-    s = trace.summarize(rows)
+    s = summarize(rows)
     assert s["requests"] == 100 and s["distinct_m"] == 7
     assert s["variants_compiled"] == 3 and s["compiles_after_20"] == 1 and s["loaded_from_disk"] == 1
     assert s["latency_p50_ms"] == pytest.approx(50.5) and s["latency_p99_ms"] == pytest.approx(99.01)
     assert s["latency_max_ms"] == 100.0 and s["warm_max_ms"] == 45.0
     assert s["total_excess_s"] == pytest.approx(sum(max(r["excess_ms"], 0) for r in rows) / 1e3)
-    events = trace.events_table(rows)
-    assert list(events.columns) == trace.EVENT_COLUMNS
+    events = events_table(rows)
+    assert list(events.columns) == EVENT_COLUMNS
     assert list(events["i"]) == [3, 3, 25] and list(events["kernel"])[1] == "_gemm2_combine"
 
 
 def test_summary_of_interpreter_rows_counts_nothing():
     rows = [{**_row(i, 2.0, 1.0), "compiles": None, "compile_kernels": None} for i in range(3)]
-    s = trace.summarize(rows)
+    s = summarize(rows)
     assert s["variants_compiled"] is None and s["compiles_after_20"] is None and s["loaded_from_disk"] is None
-    assert trace.events_table(rows).empty
+    assert events_table(rows).empty
 
 
 # ---- the compile counter, fed by hand -------------------------------------------------------------------
@@ -229,13 +231,13 @@ def test_twins_are_the_kernels_launched():
 
 def test_replay_writes_a_run_folder(tmp_path):
     request = trace.TraceRequest(get_model("tiny"), "fp16", (1, 5, 1, 30, 2), "test", seed=0)
-    done = trace.run_trace(request, tmp_path, in_process=True)
+    done = trace.run_trace(request, tmp_path, in_process=True, summarize=summarize)
     rows = [json.loads(line) for line in (done.run_dir / "rows.jsonl").read_text().splitlines()]
     meta = json.loads((done.run_dir / "meta.json").read_text())
     assert done.run_dir.name.endswith("-trace-tiny-fp16")
     assert [r["M"] for r in rows] == [1, 5, 1, 30, 2] and [r["i"] for r in rows] == list(range(5))
     for r in rows:
-        assert set(trace.REQUEST_COLUMNS) <= set(r)
+        assert set(TRACE_REQUEST_COLUMNS) <= set(r)
         assert r["excess_ms"] == pytest.approx(r["latency_ms"] - r["warm_ms"]) and r["warm_ms"] > 0
     if interpreting():  # the interpreter compiles nothing: nothing is counted
         assert all(r["compiles"] is None and r["compile_kernels"] is None for r in rows)
@@ -267,7 +269,7 @@ def test_a_trace_stopped_part_way_resumes_in_its_folder(tmp_path):
 
     seen, resumes = [], []
     done = trace.run_trace(request, tmp_path, in_process=True, on_row=seen.append,
-                           on_resume=lambda d, r: resumes.append((d, r)))
+                           on_resume=lambda d, r: resumes.append((d, r)), summarize=summarize)
     assert done.run_dir == run and list(tmp_path.iterdir()) == [run]
     assert [r["i"] for r in seen] == [2, 3, 4] and [r["M"] for r in seen] == list(counts[2:])
     ((where, record),) = resumes
@@ -361,7 +363,7 @@ def test_command_warmup_fills_the_cache_folder_first(tmp_path, monkeypatch):
     assert meta["cache_mode"] == "warmup" and meta["warmup"]["kernels"] == 6 and meta["warmup"]["m"] == [1]
     assert meta["startup_runs"] == 1 and meta["startup_failures"] == [] and meta["startup_s"] > 0
     assert "start-up pass: 1 launch in " in result.stderr
-    assert result.stdout.splitlines()[0] == ",".join(trace.REQUEST_COLUMNS)
+    assert result.stdout.splitlines()[0] == ",".join(TRACE_REQUEST_COLUMNS)
 
 
 def test_warmup_startup_runs_the_plan_before_the_first_request(tmp_path, monkeypatch):
@@ -382,7 +384,7 @@ def test_warmup_startup_runs_the_plan_before_the_first_request(tmp_path, monkeyp
     counts = (3, 70, 45)
     request = trace.TraceRequest(get_model("tiny"), "fp16", counts, "test", warmup=True,
                                  cache_dir=str(tmp_path / "cache"))
-    done = trace.run_trace(request, tmp_path / "out", in_process=True, warmup_jobs=0)
+    done = trace.run_trace(request, tmp_path / "out", in_process=True, warmup_jobs=0, summarize=summarize)
     plan = plan_for_model(get_model("tiny"), "fp16", max_tokens=70)
     assert len(plan.items) > 1 and {M for M, _ in plan.items} != set(counts)
     n = len(plan.items)
@@ -420,7 +422,7 @@ def test_warmup_startup_travels_to_the_child_process(tmp_path):
 
 def test_a_cold_trace_records_no_startup(tmp_path):
     request = trace.TraceRequest(get_model("tiny"), "fp16", (2,), "test")
-    done = trace.run_trace(request, tmp_path, in_process=True)
+    done = trace.run_trace(request, tmp_path, in_process=True, summarize=summarize)
     assert all(done.meta[k] is None for k in trace.STARTUP_KEYS) and done.meta["warmup"] is None
 
 

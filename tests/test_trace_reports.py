@@ -16,7 +16,7 @@ from moebench.report import runs
 from moebench.report import tables as report
 from moebench.report.charts import charts
 from moebench.report.page import render_html
-from moebench.serve.trace import requests_table, summarize
+from moebench.report.trace_summary import requests_table, summarize
 
 QUICK = Path(__file__).resolve().parent / "data" / "h200-quick"
 

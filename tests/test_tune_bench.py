@@ -18,12 +18,12 @@ from moebench.hardware import HOPPER
 from moebench.models import get_model
 from moebench.problem import Problem
 from moebench.tile import TileConfig
-from moebench.tune.bench import Bench, Kept, PoolBench, Timed
 from moebench.tune.candidates import Candidates
 from moebench.tune.costmodel import estimate_us
 from moebench.tune.prune import Facts
 from moebench.tune.space import get_space
 from moebench.tune.strategies import fast
+from moebench.workers.bench import Bench, Kept, PoolBench, Timed
 from moebench.workers.task import Outcome
 
 MS = (1, 16, 256)

@@ -14,9 +14,9 @@ import tune_faulty_jobs as faulty
 from moebench.models import MoEShape
 from moebench.problem import Problem
 from moebench.tile import TileConfig
-from moebench.tune import bench
-from moebench.tune.bench import PoolBench
 from moebench.tune.strategies import exhaustive
+from moebench.workers import bench
+from moebench.workers.bench import PoolBench
 from moebench.workers.local import LocalPool
 
 SHAPE = MoEShape("t", 8, 64, 32, 2)
@@ -161,12 +161,13 @@ def test_a_tune_whose_gpu_ran_out_of_memory_says_so_and_what_leaves_more():
     """CUDA's out-of-memory is a "resources" failure of each config it struck, but no config's fault: the line
     of a tune that chose nothing names it apart from the configs the device cannot hold, with the remedy (the
     H200 tune of Llama-4-Scout fp8-channel said "every config failed (253 resources)")."""
-    from moebench.tune.bench import Timed
-    from moebench.tune.run import OUT_OF_MEMORY, _nothing_chosen, _out_of_memory
+    from moebench.measure.failures import out_of_memory
+    from moebench.tune.run import OUT_OF_MEMORY, _nothing_chosen
+    from moebench.workers.bench import Timed
 
     oom = Timed(GOOD_A, 1, "screen", failure="resources", error="OutOfMemoryError: CUDA out of memory. Tried to ...")
     smem = Timed(RESOURCES, 1, "screen", failure="resources", error="OutOfResources: out of resource: shared memory")
-    assert _out_of_memory(oom) and not _out_of_memory(smem)
+    assert out_of_memory(oom.failure, oom.error) and not out_of_memory(smem.failure, smem.error)
     line = _nothing_chosen({}, {}, {1: Counter({OUT_OF_MEMORY: 253}), 2: Counter({"resources": 4})})
     assert line.startswith(f"no config chosen at M=1: every config failed (253 {OUT_OF_MEMORY}); M=2: every config "
                            "failed (4 resources)")

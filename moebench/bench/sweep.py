@@ -17,15 +17,15 @@ from itertools import groupby
 from pathlib import Path
 
 import torch
-import triton
 
 from moebench.bench.spec import SweepSpec
 from moebench.bench.tuned import Pins, tune_pins
 from moebench.environment import describe, device_name
 from moebench.errors import UserError, one_line
+from moebench.measure.failures import classify, is_gpu_side
 from moebench.measure.point import Check, check_run, incorrect, time_run
 from moebench.measure.roofline import Ceilings, floor, measure_ceilings
-from moebench.measure.timer import graph_method
+from moebench.measure.timer import run_method
 from moebench.paths.base import MoEPath, Target
 from moebench.paths.registry import get_path
 from moebench.paths.torch_ref import moe_reference
@@ -36,10 +36,6 @@ from moebench.store.runfolder import RunWriter, new_run_dir
 from moebench.tables import lookup
 from moebench.tile import TileConfig
 from moebench.tune.strategies.fast import INTERPRETER
-
-# Failures of a GPU-side kind that become a row, not a crash: out of resources,
-# compile errors, and what CUDA or PyTorch report as RuntimeError.
-_GPU_ERRORS = (RuntimeError, triton.runtime.errors.OutOfResources, triton.CompilationError)
 
 Pinned = Mapping[tuple[str, str, int], TileConfig]  # (model, dtype, M) -> the config to run there
 
@@ -148,10 +144,12 @@ def run_config(point: PlannedPoint, path: MoEPath, inputs: MoEInputs, ref: torch
         chk = Check(True, 0.0) if path.baseline else check_run(run, problem, inputs, ref, out)
         row = replace(row, correct=chk.correct, rel_err=chk.rel_err)
         if not chk.correct:
-            return replace(row, status="incorrect", error=incorrect(chk, problem))
+            return replace(row, status="incorrect", failure="incorrect", error=incorrect(chk, problem))
         t = time_run(run, out, path, target, budget_s)
-    except _GPU_ERRORS as e:
-        return replace(row, status="error", error=one_line(e))
+    except Exception as e:  # a GPU-side failure is the row's; any other propagates
+        if not is_gpu_side(e):
+            raise
+        return replace(row, status="error", failure=classify(e), error=one_line(e))
     secs = t.median_us * 1e-6
     row = replace(row, time_us=t.median_us, time_p20_us=t.p20_us, time_p80_us=t.p80_us, reps=t.reps,
                   timing_method=t.method, tflops=flops / secs / 1e12, gbps=row.bytes / secs / 1e9)
@@ -242,7 +240,7 @@ def run_sweep(spec: SweepSpec | SweepPlan, out_base: Path, on_row: Callable[[dic
     request = request_key(sweep_request(plan))
     resumable = find_resumable(out_base, request) if resume else None  # refuses a folder a live process writes
     meta = describe(target.interpreter)
-    meta.update(sweep=spec.name, timing_method=graph_method() if not target.interpreter else "interpreter wall clock",
+    meta.update(sweep=spec.name, timing_method=run_method(target.interpreter),
                 points=len(plan.points), tune=spec.tune, request=request)
     if spec.tune:
         meta["tune_runs"] = [r.name for r in tune_runs]  # folders beside the sweep's, under the same --out

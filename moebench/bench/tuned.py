@@ -10,12 +10,12 @@ re-timed them back to back -> ``Pins`` for ``SweepPlan.build``. The same search,
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from moebench.paths.registry import get_path
 from moebench.problem import Problem
+from moebench.store.best import fastest_entries, read_best
 from moebench.store.resume import newest_complete
 from moebench.tile import TileConfig
 
@@ -35,27 +35,12 @@ def requests(problems: list[tuple[Problem, str]], options: tuple[tuple[str, int]
             for (name, shape, dtype, routing, seed), ms in groups.items()]
 
 
-def fastest_of_best(best: dict) -> dict[int, TileConfig]:
-    """Per M of a tune's best.json, the fastest of its choice, the default and the best known seed, as re-timed
-    back to back (the choice where no time was recorded)."""
-    out = {}
-    for m, entry in best["configs"].items():
-        three = ((entry.get("time_us"), entry.get("config")), (entry.get("default_us"), entry.get("default")),
-                 (entry.get("known_us"), entry.get("known")))
-        timed = [(t, c) for t, c in three if t is not None and c is not None]
-        config = min(timed, key=lambda tc: tc[0])[1] if timed else entry.get("config")
-        if config is not None:
-            out[int(m)] = TileConfig.from_dict(config)
-    return out
-
-
 def tune_pins(problems: list[tuple[Problem, str]], out_base: Path, *, compile_jobs: int | None = None,
               options: tuple[tuple[str, int], ...] = (), on_note: Callable[[str], None] | None = None,
               on_progress: Callable[[str, int, int], None] | None = None) -> tuple[Pins, list[Path]]:
     """Tune every tunable (path, shape, dtype) of ``problems`` under ``out_base`` (a finished tune of the same
     request there is read, not run again) and return the configs to pin and the tune run folders; ``on_note``
     hears which tune starts, ``on_progress`` its phases (as ``moebench tune``'s bar does)."""
-    from moebench.tune.run import BEST_FILE
     from moebench.tune.run import tune as run_tune
 
     pins: Pins = {}
@@ -67,8 +52,7 @@ def tune_pins(problems: list[tuple[Problem, str]], out_base: Path, *, compile_jo
                 ms = ",".join(map(str, request.ms))
                 on_note(f"tuning {request.path} {request.shape.name} {request.dtype} at M={ms}")
             folder = run_tune(request, out_base, compile_jobs=compile_jobs, on_progress=on_progress).run_dir
-        best = json.loads((Path(folder) / BEST_FILE).read_text(encoding="utf-8"))
-        for m, config in fastest_of_best(best).items():
-            pins[(request.shape.name, request.dtype, m, request.path)] = config
+        for m, config in fastest_entries(read_best(folder)).items():
+            pins[(request.shape.name, request.dtype, m, request.path)] = TileConfig.from_dict(config)
         folders.append(Path(folder))
     return pins, folders

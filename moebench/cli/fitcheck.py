@@ -1,5 +1,5 @@
-"""``moebench fit-check`` and ``moebench fit-time``: the commands over ``report.fitcheck`` (the fitted default
-checked leave-one-shape-out on the tuned tables; the points a GPU times) and ``report.fittime`` (those points
+"""``moebench fit-check`` and ``moebench fit-time``: the commands over ``audit.fitcheck`` (the fitted default
+checked leave-one-shape-out on the tuned tables; the points a GPU times) and ``audit.fittime`` (those points
 timed against the engines' untuned default and the tuned tables)."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def fit_check(configs_dir, runs, points_file, device, fmt):
     beside the table's, and their time ratio where a recorded run timed both on that shape. Without a tuned
     point near enough the prediction is the heuristic.
     """
-    from moebench.report.fitcheck import geomean, leave_one_out, points, write_points
+    from moebench.audit.fitcheck import geomean, leave_one_out, points, write_points
 
     tables = _tables(configs_dir)
     rows = [c.as_row() for c in leave_one_out(tables, runs)]
@@ -112,10 +112,9 @@ def fit_time(points_file, repeats, out_dir, gpus, compile_jobs, fmt, progress):
     over a tabled shape's points (the "goal" column marks each point over 1.10x too).
     """
     from moebench._interpret import interpreting
-    from moebench.report.fittime import read_points, shape_goals, time_points
-    from moebench.report.pairs import Pools
+    from moebench.audit.fittime import read_points, shape_goals, time_points
     from moebench.store.runfolder import check_out_dir
-    from moebench.workers.pools import check_pool_choice
+    from moebench.workers.pools import Pools, check_pool_choice
 
     notes: list[str] = []
     pts = read_points(points_file, notes)
@@ -149,7 +148,7 @@ def goal_row(g) -> dict:
 
 
 def _goal_text(g: dict) -> str:
-    from moebench.report.fittime import GOAL_VS_TABLE, entry_name
+    from moebench.audit.fittime import GOAL_VS_TABLE, entry_name
 
     what = []
     if g["behind_classic"]:
@@ -187,7 +186,7 @@ def _show_times(rows: list[dict], goals: list[dict], fmt: str) -> None:
         return
     from rich.table import Table
 
-    from moebench.report.fittime import GOAL_VS_TABLE, entry_name
+    from moebench.audit.fittime import GOAL_VS_TABLE, entry_name
 
     table = Table(title="the fitted default against the engines' default and the tuned table")
     for col in ("model", "dtype", "M", "fitted", "us", "vs classic", "vs table/heuristic", "goal"):

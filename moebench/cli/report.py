@@ -208,6 +208,11 @@ def _gate(base_df, new_df, runs, fail_pct: float, threshold: float, fmt: str, ba
                      "made on more than one machine start carries it (docs/reports.md)")
     for line in result.regressions:
         note(f"regression: {line}", "red")
+    if result.stale:
+        note(f"stale baseline: {len(result.stale)} point(s) FASTER than {runs[0]} beyond noise, where a regression "
+             "of up to that gain passes the gate; refresh the baseline (docs/reports.md)", "yellow")
+        for line in result.stale:
+            note(f"faster: {line}", "yellow")
     note(f"{len(result.regressions)} regression(s) in {len(result.table)} point(s)")
     sys.exit(result.exit_status)
 

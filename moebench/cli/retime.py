@@ -1,4 +1,4 @@
-"""``moebench retime``: the command over ``report.retime`` (tables in; a table per file of each M's entry against
+"""``moebench retime``: the command over ``audit.retime`` (tables in; a table per file of each M's entry against
 the default and the time it was tuned with out; exit 1 where an entry is stale)."""
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ def retime(tables, model, hf_config, experts, hidden, intermediate, topk, tp, ep
     or the export's sidecar give it.
     """
     from moebench._interpret import interpreting
-    from moebench.report.pairs import Pools
-    from moebench.report.retime import check, plan
-    from moebench.report.retime import retime as run_retime
+    from moebench.audit.retime import check, plan
+    from moebench.audit.retime import retime as run_retime
     from moebench.store.runfolder import check_out_dir
+    from moebench.workers.pools import Pools
 
     shape, hidden_topk = _shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep)
     interpreter = interpreting()

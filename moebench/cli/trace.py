@@ -114,6 +114,7 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     from moebench.bench.interpreter import INTERPRETER_MAX_WEIGHTS, weight_elements
     from moebench.problem import check_seed
     from moebench.report import tables as report
+    from moebench.report import trace_summary as ts
     from moebench.serve import streams
     from moebench.serve import trace as tr
     from moebench.store.resume import stop_on_sigterm
@@ -144,7 +145,7 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
     tr.check_request(request)
     ensure_out_dir(out_dir)
     if interpreter:
-        note(f"No CUDA GPU: {tr.INTERPRETER_NOTE}.", "yellow")
+        note(f"No CUDA GPU: {ts.INTERPRETER_NOTE}.", "yellow")
     bar = progress_bar(progress)
     # Ctrl-C or SIGTERM: the child is stopped, the folder says "interrupted" and cli.main how to resume it
     with stop_on_sigterm(), bar:
@@ -158,25 +159,27 @@ def trace(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, 
             bar.update(task, advance=record["rows_kept"])
 
         done = tr.run_trace(request, out_dir, in_process=in_process, resume=not fresh, on_resume=resumed,
-                            on_row=lambda row: bar.update(task, advance=1, description=f"request M={row['M']}"))
+                            on_row=lambda row: bar.update(task, advance=1, description=f"request M={row['M']}"),
+                            summarize=ts.summarize)
 
-    tables = {"summary": pd.DataFrame([tr.summarize(done.rows)]), "events": tr.events_table(done.rows),
-              "requests": tr.requests_table(done.rows)}
+    summary = done.meta["summary"]
+    tables = {"summary": pd.DataFrame([summary]), "events": ts.events_table(done.rows),
+              "requests": ts.requests_table(done.rows)}
     if fmt == "json" and which:
         emit(report.render(tables[which], "json", which))
     elif fmt == "json":
         click.echo(json.dumps({"run": str(done.run_dir), "count_method": done.meta.get("count_method"),
-                               "summary": done.meta["summary"],
+                               "summary": summary,
                                "events": json.loads(report.render(tables["events"], "json", "events"))}, indent=2))
     elif fmt == "csv":
         emit(report.render(tables[which or "summary"], "csv", which or "summary"))
     else:
         console, title = out_console(), f"{shape.name} {request.dtype}, {len(counts)} requests"
         for name in [which] if which else ["summary", "events"]:
-            table = _summary_for_people(tr.summarize(done.rows)) if name == "summary" else tables[name]
+            table = _summary_for_people(summary) if name == "summary" else tables[name]
             if name == "events" and table.empty and not which:
                 counted = done.meta.get("count_method") != "interpreter"
-                console.print("no kernel variant was built" if counted else tr.INTERPRETER_NOTE, markup=False,
+                console.print("no kernel variant was built" if counted else ts.INTERPRETER_NOTE, markup=False,
                               highlight=False, soft_wrap=True)
                 continue
             report.render(table, "table", f"{name}: {title}", console=console, caption="")

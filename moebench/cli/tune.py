@@ -268,9 +268,9 @@ def export_configs(run, out_dir, layout, engine_triton, shipped, repeats, runs_d
 def _merge(plan, shipped: Path, repeats: int, runs_dir: Path) -> dict:
     """--merge-with: the shipped table matched, both timed, the faster kept in ``plan``; the sidecar's fields."""
     from moebench._interpret import interpreting
-    from moebench.report.merge import merge, prepare
-    from moebench.report.pairs import Pools
+    from moebench.audit.merge import merge, prepare
     from moebench.store.runfolder import check_out_dir
+    from moebench.workers.pools import Pools
 
     m = prepare(plan, shipped)
     if interpreting():

@@ -47,6 +47,12 @@ def graph_method(flush: str = "read") -> str:
     return f"cuda-graph replay, L2 emptied before each replay ({_flush_text(flush)}), median"
 
 
+def run_method(interpreter: bool) -> str:
+    """The timing method a run's rows and metadata name: ``graph_method()`` on a GPU, ``WALLCLOCK`` on the
+    interpreter (the one spelling of each; a worker's timings are ``time_graph``'s with the read flush)."""
+    return WALLCLOCK if interpreter else graph_method()
+
+
 def eager_method(flush: str = "read") -> str:
     """The timing method of ``time_eager`` as rows name it."""
     return f"eager launches, per-call CUDA events, L2 emptied ({_flush_text(flush)}), median"

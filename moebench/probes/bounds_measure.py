@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-import triton
 
 from moebench.errors import UserError, one_line, os_error_line
 from moebench.hardware import DeviceLimits
 from moebench.kernels.stream import read_all
+from moebench.measure.failures import is_gpu_side
 from moebench.measure.roofline import Ceilings, floor, measure_ceilings
 from moebench.measure.timer import graph_method, time_graph
 from moebench.probes.bounds import (
@@ -41,9 +41,6 @@ READ_BLOCKS = (4096, 8192)  # elements each program loads per step
 # The integer columns of a result row.
 INT_COLUMNS = ("experts", "hidden", "intermediate", "topk", "moe_layers", "M", "seed", "reps", "flops", "bytes",
                "experts_touched")
-
-# Failures of a GPU-side kind that end one point's measurement, not the run.
-_GPU_ERRORS = (RuntimeError, triton.runtime.errors.OutOfResources, triton.CompilationError)
 
 
 def graph_timer(budget_s: float = 0.2) -> Timer:
@@ -131,7 +128,9 @@ def measure_point(point: dict, ceilings: Ceilings, device: torch.device | str, t
         if not row["gemm_err"] <= GEMM_RTOL:  # NaN fails too
             return {**row, "error": f"cuBLAS's dense product is {row['gemm_err']:.3g} off float32: not timed"}
         gemm_us = timer(gemms)
-    except _GPU_ERRORS as e:
+    except Exception as e:  # a GPU-side failure ends this point's measurement, not the run
+        if not is_gpu_side(e):
+            raise
         return {**row, "error": one_line(e)}
     return {**row, **bound_fields(row["layer_us"], fl.floor_us, read_us, gemm_us)}
 

@@ -29,7 +29,8 @@ from moebench.errors import UserError
 from moebench.report import tables as report
 from moebench.report.runs import Run, Runs
 from moebench.report.trace_chart import trace_chart
-from moebench.report.tuned import BEST_FILE, TUNED_COLUMNS, tuned_table
+from moebench.report.tuned import TUNED_COLUMNS, tuned_table
+from moebench.store.best import BEST_FILE
 
 __all__ = ["BEST_FILE", "TUNED_COLUMNS", "Chart", "charts", "tuned_table", "write_charts"]
 

@@ -4,6 +4,10 @@ A regression is a point slower than the baseline by more than ``fail_pct`` perce
 measured noise (``moebench.report.compare``), or a point ok in the baseline that failed in the current run
 (incorrect, error). CPU-interpreter runs are gated on correctness only. Runs from different GPUs, or a
 current run that lacks points of the baseline, are not comparable: a UserError that says so.
+
+A point FASTER than the baseline beyond the noise is no failure but a sign the baseline is stale: the code
+has outrun it, so a regression there of up to the gain passes unseen. ``stale`` names those points, and the
+command warns (docs/reports.md: refreshing the baseline).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from moebench.report.compare import (
 class GateResult:
     table: pd.DataFrame  # compare_runs' table (GPU) or check_table's (interpreter)
     regressions: list[str]  # one line per regressed point: what and by how much
+    stale: list[str] = ()  # one line per point FASTER than the baseline beyond noise: the baseline is behind
 
     @property
     def exit_status(self) -> int:
@@ -70,6 +75,9 @@ def gate(base: pd.DataFrame, new: pd.DataFrame, fail_pct: float, min_threshold: 
     slow = table[(table["verdict"] == "SLOWER") & (table["ratio"] > 1 + fail_pct / 100)]
     lines = [f"{point_label(r)}: {r['ratio']:.3f}x the baseline's time ({r['base_us']:.1f} -> {r['new_us']:.1f} us, "
              f"noise ±{100 * r['noise']:.1f}%)" for r in slow.to_dict("records")]
+    fast = table[table["verdict"] == "FASTER"]
+    stale = [f"{point_label(r)}: {r['ratio']:.3f}x the baseline's time (noise ±{100 * r['noise']:.1f}%)"
+             for r in fast.to_dict("records")]
     timed = point_times(new, list(KEY))[list(KEY)]
     ok_before = point_times(base, list(KEY))[list(KEY)]
     lost = ok_before.merge(timed, on=list(KEY), how="left", indicator=True)
@@ -78,4 +86,4 @@ def gate(base: pd.DataFrame, new: pd.DataFrame, fail_pct: float, min_threshold: 
     for r in lost.to_dict("records"):
         key = tuple(r[k] for k in KEY)
         lines.append(f"{point_label(r)}: ok in the baseline, {status.get(key, 'missing')} now")
-    return GateResult(table, lines)
+    return GateResult(table, lines, stale)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from moebench.errors import UserError
+from moebench.store.best import best_path
 from moebench.store.runfolder import (
     META_FILE,
     ROW_COLUMNS,
@@ -24,8 +25,6 @@ from moebench.store.runfolder import (
     schema_warning,
     status_warning,
 )
-
-BEST_FILE = "best.json"  # what a tune writes (moebench.tune.run.BEST_FILE; that module loads torch)
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class Run:
     @property
     def empty(self) -> bool:
         """No rows, and no tune's choice (``best.json``) either: nothing a report can show."""
-        return self.rows.empty and not (self.meta.get("tune") and (self.path / BEST_FILE).is_file())
+        return self.rows.empty and not (self.meta.get("tune") and best_path(self.path).is_file())
 
     @property
     def device(self) -> str:

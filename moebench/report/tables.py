@@ -177,7 +177,7 @@ COLD_START_NOTE = ("cold start, from `moebench trace`: one MoE layer's first cal
 def cold_start_table(traces: list) -> pd.DataFrame:
     """Per trace run (``runs.Run`` of kind "trace"): its cache mode and the summary of its requests
     (``trace.summarize`` of the rows, so the table and the trace's own output agree)."""
-    from moebench.serve.trace import summarize
+    from moebench.report.trace_summary import summarize
 
     records = []
     for run in traces:

@@ -34,7 +34,7 @@ def _count(replayed: int, requested) -> str:
 def trace_chart(runs: Runs) -> tuple[str, Figure] | None:
     """The title and figure of the ``compiles`` chart of the GPU trace runs in ``runs``, or None where there is
     none (``charts.charts`` names it)."""
-    from moebench.serve.trace import requests_table
+    from moebench.report.trace_summary import requests_table
 
     traces = [r for r in runs.traces if not r.interpreter and len(r.rows)]
     if not traces:

@@ -9,13 +9,13 @@ by kind for one line on stderr.
 
 from __future__ import annotations
 
-import json
 import math
 
 import pandas as pd
 
 from moebench.errors import UserError
-from moebench.report.runs import BEST_FILE, Runs
+from moebench.report.runs import Runs
+from moebench.store.best import BestFileError, best_path, read_best
 
 TUNED_COLUMNS = ["model", "dtype", "kernel", "M", "time_us", "default_us", "speedup", "known_us", "vs_known", "run"]
 
@@ -48,20 +48,15 @@ def tuned_table(runs: Runs) -> pd.DataFrame:
     hand-picked candidate, re-timed back to back) and ``vs_known = known_us / time_us`` (NaN where not timed)."""
     records = []
     for run in runs.runs:
-        file = run.path / BEST_FILE
-        if not run.meta.get("tune") or not file.is_file():
+        if not run.meta.get("tune") or not best_path(run.path).is_file():
             continue
         try:
-            best = json.loads(file.read_text(encoding="utf-8"))
-            configs = best["configs"]
-            entries = sorted(((int(m), v if isinstance(v, dict) else {}) for m, v in configs.items()),
-                             key=lambda e: e[0])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise UserError(f"{file}: not a tune's {BEST_FILE} ({type(e).__name__}: {e})") from None
-        model = best.get("model") or (best.get("shape") or {}).get("name")
-        for m, v in entries:
+            best = read_best(run.path)
+        except BestFileError as e:
+            raise UserError(f"{run.path}: {e}") from None
+        for m, v in best["configs"].items():
             t, d, k = (_positive(v.get(f)) for f in ("time_us", "default_us", "known_us"))
-            records.append({"model": model, "dtype": best.get("dtype"), "kernel": best.get("kernel"), "M": m,
+            records.append({"model": best["model"], "dtype": best.get("dtype"), "kernel": best.get("kernel"), "M": m,
                             "time_us": t, "default_us": d, "speedup": d / t, "known_us": k, "vs_known": k / t,
                             "run": run.label})  # NaN stays NaN
     return pd.DataFrame(records, columns=TUNED_COLUMNS)

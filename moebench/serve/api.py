@@ -19,6 +19,7 @@ from moebench._interpret import interpreting
 from moebench.dtypes import DTYPES
 from moebench.errors import UserError
 from moebench.kernels.fused_moe import fused_moe as launch
+from moebench.measure.failures import out_of_resources
 from moebench.quant import FP8, scale_shape
 from moebench.tables import lookup
 from moebench.tile import TileConfig, default_config
@@ -271,16 +272,8 @@ def fused_moe(
     try:
         return run(tile)
     except Exception as e:  # a carried config the device cannot hold: the heuristic's, which fits by construction
-        if not _out_of_resources(e):
+        if not out_of_resources(e):
             raise
         lookup.refuse_fitted(chosen.config, layer.experts, layer.intermediate, layer.dtype, hidden=layer.hidden,
                              topk=layer.topk)
         return run(_choose(layer, quant, configs_dir).config)
-
-
-def _out_of_resources(e: BaseException) -> bool:
-    """Whether ``e`` is Triton's compile-time refusal of a config the device cannot hold (shared memory,
-    registers)."""
-    import triton
-
-    return isinstance(e, triton.runtime.errors.OutOfResources)

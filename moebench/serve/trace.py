@@ -31,27 +31,22 @@ from dataclasses import asdict, dataclass, is_dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from moebench.errors import UserError, one_line
 from moebench.models import MoEShape
+from moebench.store.rows import TRACE_REQUEST_COLUMNS
 from moebench.tile import TileConfig
 
 STARTUP_KEYS = ("startup_s", "startup_kernels", "startup_from_disk", "startup_runs", "startup_failures")
-AFTER = 20  # the summary counts compiles after this many requests: a warmed server should have none
 WARM_CALLS = 5  # repeats of each request, all kernels compiled, whose median is its warm time
-REQUEST_COLUMNS = ["i", "M", "config", "config_source", "latency_ms", "warm_ms", "excess_ms", "compiles",
-                   "compile_kernels"]
-EVENT_COLUMNS = ["i", "M", "kernel", "seconds", "from_disk"]
-INTERPRETER_NOTE = ("interpreter: Triton's interpreter compiles nothing, so no compiles are counted (not 0 "
-                    "measured); latencies are CPU times, not GPU performance")
 
 
 # ---- replay ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ReplayResult:
-    """A replay's rows (one dict per request, REQUEST_COLUMNS and the compile details) and how it counted."""
+    """A replay's rows (one dict per request: ``store.rows.TRACE_REQUEST_COLUMNS`` and the compile details) and
+    how it counted."""
 
     rows: list[dict]
     method: str  # CompileWatch.method: "hooks", "caches" or "interpreter"
@@ -181,47 +176,6 @@ def _request_row(i: int, M: int, chosen, latency: float, warm: float, events, wa
             "from_disk": [e.from_disk for e in events], "new_cache_entries": watch.new_cache_entries}
 
 
-# ---- statistics -----------------------------------------------------------------------------------------
-
-def summarize(rows: list[dict], after: int = AFTER) -> dict:
-    """A replay's summary from its rows: requests, distinct M, variants compiled (and those after the first
-    ``after`` requests, and loaded from disk), latency and warm percentiles (ms), total excess (s). The
-    compile figures are None where the rows counted none (the interpreter)."""
-    df = pd.DataFrame(rows)
-    counted = not df.empty and df["compiles"].notna().all()
-    disk = [d for r in rows for d in (r.get("from_disk") or []) if d is not None]
-
-    def pct(col: str, q: float) -> float | None:
-        return float(np.percentile(df[col].astype(float), q)) if not df.empty else None
-
-    return {
-        "requests": len(df), "distinct_m": int(df["M"].nunique()) if not df.empty else 0,
-        "variants_compiled": int(df["compiles"].sum()) if counted else None,
-        f"compiles_after_{after}": int(df.loc[df["i"] >= after, "compiles"].sum()) if counted else None,
-        "loaded_from_disk": sum(disk) if counted and disk else (0 if counted else None),
-        "latency_p50_ms": pct("latency_ms", 50), "latency_p99_ms": pct("latency_ms", 99),
-        "latency_max_ms": float(df["latency_ms"].max()) if not df.empty else None,
-        "warm_p50_ms": pct("warm_ms", 50), "warm_p99_ms": pct("warm_ms", 99),
-        "warm_max_ms": float(df["warm_ms"].max()) if not df.empty else None,
-        "total_excess_s": float(df["excess_ms"].clip(lower=0).sum() / 1e3) if not df.empty else 0.0,
-    }
-
-
-def events_table(rows: list[dict]) -> pd.DataFrame:
-    """One row per kernel variant built: the request (i), its M, the kernel, seconds, from_disk."""
-    events = [{"i": r["i"], "M": r["M"], "kernel": k, "seconds": s, "from_disk": d}
-              for r in rows for k, s, d in zip(r.get("compile_kernels") or [], r.get("compile_s") or [],
-                                               r.get("from_disk") or [], strict=False)]
-    return pd.DataFrame(events, columns=EVENT_COLUMNS)
-
-
-def requests_table(rows: list[dict]) -> pd.DataFrame:
-    """One row per request (REQUEST_COLUMNS), the compiled kernels' names joined by spaces."""
-    df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
-    df["compile_kernels"] = df["compile_kernels"].map(lambda ks: " ".join(ks) if isinstance(ks, list) else None)
-    return df
-
-
 # ---- a trace: the run folder, the replay in a child process ---------------------------------------------
 
 @dataclass(frozen=True)
@@ -280,7 +234,8 @@ def trace_request(request: TraceRequest, in_process: bool) -> dict:
 
 def run_trace(request: TraceRequest, out_base: Path | str, on_row: Callable[[dict], None] | None = None,
               in_process: bool = False, warmup_jobs: int | None = None, resume: bool = True,
-              on_resume: Callable[[Path, dict], None] | None = None) -> TraceRun:
+              on_resume: Callable[[Path, dict], None] | None = None,
+              summarize: Callable[[list[dict]], dict] | None = None) -> TraceRun:
     """Replay ``request`` into a run folder under ``out_base`` (``<UTC>-trace-<model>-<dtype>``: meta.json,
     rows.jsonl with a row per request as it finishes). The replay runs in a spawned child process whose
     TRITON_CACHE_DIR is the cache folder, so both of Triton's caches start as the request says; with
@@ -294,7 +249,8 @@ def run_trace(request: TraceRequest, out_base: Path | str, on_row: Callable[[dic
     caches the request says (a temporary cache folder is empty again), so the requests after a restart pay a
     cold start again: a resumed trace's compile counts and excess are those of a server restarted there, not
     of one start. meta.json's ``replay_starts`` lists the first request each replay process ran ([0] for a
-    trace that ran at one go), ``resumed`` each reopening."""
+    trace that ran at one go), ``resumed`` each reopening, and ``summary`` what ``summarize`` makes of the rows
+    (``report.trace_summary.summarize``, which the command passes in), where given."""
     from moebench._interpret import interpreting
     from moebench.environment import describe
     from moebench.store.resume import find_resumable, request_key, stopped_in
@@ -322,7 +278,7 @@ def run_trace(request: TraceRequest, out_base: Path | str, on_row: Callable[[dic
         }
         name = f"trace-{request.shape.name.replace('/', '-')}-{request.dtype}"
         writer = RunWriter(resumable or new_run_dir(Path(out_base), name), meta, resume=resumable is not None,
-                           columns=tuple(REQUEST_COLUMNS))
+                           columns=TRACE_REQUEST_COLUMNS)
         rows = sorted(writer.kept, key=lambda r: r["i"])
         replayed = frozenset(r["i"] for r in rows)
         first = next((i for i in range(len(request.counts)) if i not in replayed), len(request.counts))
@@ -345,7 +301,7 @@ def run_trace(request: TraceRequest, out_base: Path | str, on_row: Callable[[dic
                 raise
             raise stopped from e
         rows.sort(key=lambda r: r["i"])
-        writer.end(None, **done, summary=summarize(rows))
+        writer.end(None, **done, **({"summary": summarize(rows)} if summarize is not None else {}))
         return TraceRun(writer.run_dir, rows, writer.meta)
     finally:
         if temporary:

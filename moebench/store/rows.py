@@ -22,6 +22,9 @@ STATUSES = ("ok", "unsupported", "incorrect", "error")
 # more shared memory or registers than the GPU has, gave a wrong result, ran past the time limit, killed its
 # worker process, or raised another GPU-side error.
 FAILURES = ("compile", "resources", "incorrect", "hang", "crash", "error")
+# A trace run's row (``moebench trace``): one request of the replayed stream, its latency and the variants built.
+TRACE_REQUEST_COLUMNS = ("i", "M", "config", "config_source", "latency_ms", "warm_ms", "excess_ms", "compiles",
+                         "compile_kernels")
 # What a tuning row is: a short timing that ranks candidates, the longer re-timing of the few kept, or a
 # chosen config re-timed back to back with the path's untuned one ("default") or with another run's choice
 # ("check", ``moebench tune --check-against``).

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 
 from moebench.tile import TileConfig
-from moebench.tune.bench import Bench, Timed
+from moebench.workers.bench import Bench, Timed
 
 
 class ReplayBench(Bench):

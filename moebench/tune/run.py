@@ -24,24 +24,26 @@ from moebench.dtypes import get_dtype
 from moebench.environment import describe
 from moebench.errors import UserError
 from moebench.hardware import DeviceLimits
+from moebench.measure.failures import out_of_memory
+from moebench.measure.timer import run_method
 from moebench.models import MoEShape
 from moebench.paths.base import Target
 from moebench.paths.registry import get_path
 from moebench.problem import Problem, check_fits
-from moebench.store.atomic import write_json_atomic
+from moebench.store.best import BEST_FILE, BestFileError, read_best, write_best
 from moebench.store.resume import find_resumable, request_key, stop_on_sigterm, stopped_in
 from moebench.store.runfolder import RunWriter, ensure_out_dir, new_run_dir
 from moebench.tile import TileConfig
-from moebench.tune.bench import Kept, PoolBench, Timed, timed_row
 from moebench.tune.candidates import Candidates
 from moebench.tune.prune import OWN_RULES, OWN_RUNNABLE, RULES, Facts
 from moebench.tune.seeds import known_seeds
 from moebench.tune.space import VLLM_MS, get_space
 from moebench.tune.strategies import DEFAULT, get_strategy
 from moebench.tune.traffic import under_traffic
+from moebench.workers.bench import Kept, PoolBench, Timed, timed_row
 from moebench.workers.jobs import BUDGETS
+from moebench.workers.pools import Pools
 
-BEST_FILE = "best.json"
 OUT_OF_MEMORY = "out of GPU memory"  # how a tune counts a "resources" failure that was CUDA's memory running out
 CHECK_PASSES = 2  # back-to-back passes over (choice, default, known) at the end of a tune
 
@@ -98,18 +100,6 @@ def _timed(row: dict) -> Timed:
     return Timed(TileConfig.from_dict(row["config"]), int(row["M"]), row.get("phase"), row.get("time_us"),
                  row.get("time_p20_us"), row.get("time_p80_us"), row.get("reps"), row.get("rel_err"),
                  row.get("failure"), row.get("error"))
-
-
-def _pools(target: Target, gpus: int | None, ray: str | bool | None, compile_jobs: int | None, problem: Problem):
-    """(compile pool, time pool): first runs on many processes per GPU, timings on one worker per GPU."""
-    from moebench.workers.pools import compile_pool, default_jobs, local_gpus, make_pool
-
-    time_pool = make_pool(gpus, ray)
-    if target.interpreter or ray not in (None, False):
-        return time_pool, time_pool  # the interpreter compiles nothing ahead; on Ray the cluster's workers do both
-    jobs = default_jobs() if compile_jobs is None else compile_jobs
-    compiling = compile_pool(jobs, problem, gpus or local_gpus()) if jobs else None
-    return (compiling if compiling is not None else time_pool), time_pool
 
 
 @dataclass(frozen=True)
@@ -199,7 +189,7 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
                         "prune": request.prune, "space": ok.space.describe(), "space_size": ok.space.size,
                         "budgets": BUDGETS, "routing": request.routing, "seed": request.seed,
                         "limits": asdict(limits)},  # what the rules and seeds read of the device, for replays
-                timing_method="interpreter wall clock" if target.interpreter else "graph replay")
+                timing_method=run_method(target.interpreter))
     ensure_out_dir(out_base)
     resumable = None if fresh else find_resumable(out_base, request.key)
     writer = (RunWriter(resumable, meta, resume=True) if resumable
@@ -213,7 +203,7 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
         if not t.ok:
             for M in (problems if t.phase is None else (t.M,)):
                 if M in failed:
-                    failed[M][OUT_OF_MEMORY if _out_of_memory(t) else t.failure] += 1
+                    failed[M][OUT_OF_MEMORY if out_of_memory(t.failure, t.error) else t.failure] += 1
 
     known_keys = {M: {c.key() for c in cands.seeds(M)} - {path.default_config(p).key()} for M, p in problems.items()}
     known: dict[int, Timed] = {}  # per M: the fastest screen of a known seed other than the default
@@ -234,11 +224,10 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
         if r.get("path") == request.path and r.get("config"):
             count(_timed(r))
             note_known(_timed(r))
-    pools, bench = (), None
+    pools, bench = Pools(gpus, compile_jobs, ray), None
     try:
         with stop_on_sigterm():
-            pools = _pools(target, gpus, ray, compile_jobs, problems[min(problems)])
-            bench = PoolBench(request.path, problems, pools[0], pools[1], record, kept, on_progress)
+            bench = pools.bench(request.path, problems, record, on_progress, kept)
             chosen = get_strategy(request.strategy).search(cands, bench, ok.options)
             result.best, result.default, result.known = _against_default(
                 bench, path, problems, chosen, {M: t.config for M, t in known.items()})
@@ -256,16 +245,10 @@ def tune(request: TuneRequest, out_base: Path, *, gpus: int | None = None, ray: 
             raise
         raise stopped from e
     finally:
-        for pool in {id(p): p for p in pools}.values():
-            pool.close()
+        pools.close()
         writer.end(stopped, wall_s=round(time.monotonic() - started, 1), split=bench.split() if bench else {},
                    pruned={str(M): d for M, d in cands.dropped.items()})
     return result
-
-
-def _out_of_memory(t: Timed) -> bool:
-    """A "resources" failure that was the GPU's memory running out, not a config the device cannot hold."""
-    return t.failure == "resources" and "out of memory" in (t.error or "").lower()
 
 
 def _nothing_chosen(chosen: dict, best: dict, failed: dict[int, Counter]) -> str | None:
@@ -312,28 +295,21 @@ def _against_default(bench: PoolBench, path, problems, chosen, known: dict[int, 
 
 def _other_choices(run_dir: Path, request: TuneRequest) -> dict[int, TileConfig]:
     """The configs another tune of the same kernel, shape and dtype chose (its ``best.json``), by M."""
-    import json
-
-    file = Path(run_dir) / BEST_FILE
     try:
-        best = json.loads(file.read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(f"--check-against {run_dir}: no readable {BEST_FILE} ({e})") from None
-    try:
-        theirs = (best.get("kernel"), best.get("shape", {}).get("name"), best.get("dtype"))
-        configs = best["configs"].items()
-    except (AttributeError, KeyError, TypeError) as e:
-        raise UserError(f"--check-against {run_dir}: {BEST_FILE} is not a tune's ({type(e).__name__}: {e})") from None
+        best = read_best(run_dir)
+    except BestFileError as e:
+        raise UserError(f"--check-against {run_dir}: {e}") from None
+    theirs = (best.get("kernel"), best["shape"].get("name"), best.get("dtype"))
     ours = (request.path, request.shape.name, request.dtype)
     if theirs != ours:
         raise UserError(f"--check-against {run_dir}: it tuned {' '.join(map(str, theirs))}, this {' '.join(ours)}")
     out = {}
-    for M, v in configs:
+    for M, v in best["configs"].items():
         try:
             if v.get("config"):
-                out[int(M)] = TileConfig.from_dict(v["config"])
+                out[M] = TileConfig.from_dict(v["config"])
         except (AttributeError, TypeError, ValueError, UserError) as e:
-            raise UserError(f"--check-against {run_dir}: {BEST_FILE} entry {M!r} is not a config ({e})") from None
+            raise UserError(f"--check-against {run_dir}: {BEST_FILE} entry {M} is not a config ({e})") from None
     return out
 
 
@@ -353,16 +329,12 @@ def _against_other(bench: PoolBench, chosen: dict, other: dict) -> dict:
 
 def _write_best(run_dir: Path, request: TuneRequest, result: TuneResult) -> None:
     """The chosen config per M, its time, the default's and the best known seed's (re-timed back to back), as
-    ``best.json`` in the run folder."""
-    table = {}
-    for M, t in sorted(result.best.items()):
-        d, k = result.default.get(M), result.known.get(M)
-        table[str(M)] = {"config": t.config.as_dict() if t else None, "time_us": t.time_us if t else None,
-                         "default": d.config.as_dict() if d else None,
-                         "default_us": d.time_us if d else None,
-                         "known": k.config.as_dict() if k else None, "known_us": k.time_us if k else None}
-    check = {str(M): {"config_us": o.time_us if o else None, "other": t.config.as_dict() if t else None,
-                      "other_us": t.time_us if t else None} for M, (o, t) in sorted(result.check.items())}
-    write_json_atomic(run_dir / BEST_FILE, {"kernel": request.path, "model": request.shape.name,
-                                            "shape": asdict(request.shape), "dtype": request.dtype,
-                                            "configs": table, "check": check, "traffic": result.traffic})
+    ``best.json`` in the run folder (``store.best``)."""
+    def side(t: Timed | None, name: str, time_name: str | None = None) -> dict:
+        return {name: t.config.as_dict() if t else None, time_name or f"{name}_us": t.time_us if t else None}
+
+    configs = {M: {**side(t, "config", "time_us"), **side(result.default.get(M), "default"),
+                   **side(result.known.get(M), "known")} for M, t in result.best.items()}
+    check = {M: {"config_us": o.time_us if o else None, **side(t, "other")} for M, (o, t) in result.check.items()}
+    write_best(run_dir, kernel=request.path, model=request.shape.name, shape=asdict(request.shape),
+               dtype=request.dtype, configs=configs, check=check, traffic=result.traffic)

@@ -22,7 +22,7 @@ from moebench._interpret import interpreting
 from moebench.hardware import DeviceLimits
 from moebench.problem import Problem
 from moebench.tile import TileConfig
-from moebench.tune.bench import unique
+from moebench.workers.bench import unique
 
 HANDPICKED_PATHS = ("triton",)  # the paths whose kernel the hand-picked candidates are written for
 

@@ -97,21 +97,10 @@ def _point_bytes(point) -> int:
     return sum(t.numel() * t.element_size() for t in (inputs.x, out, ref) if t is not None)
 
 
-def classify(e: BaseException) -> str:
-    """The failure type (``rows.FAILURES``) of an exception a config's run raised."""
-    import triton
-
-    text = str(e).lower()
-    if isinstance(e, triton.runtime.errors.OutOfResources) or "out of resource" in text or "out of memory" in text:
-        return "resources"
-    if isinstance(e, triton.CompilationError) or type(e).__name__ == "CompileTimeAssertionFailure":
-        return "compile"
-    return "error"
-
-
 def _failed(e: Exception, rel_err: float | None = None) -> Result:
     """The Result of a config whose run raised ``e`` (a UserError: a config the path refuses, an "error")."""
     from moebench.errors import UserError, one_line
+    from moebench.measure.failures import classify
 
     return (None, None, None, None, rel_err, "error" if isinstance(e, UserError) else classify(e), one_line(e))
 

@@ -1,5 +1,6 @@
-"""Choosing a worker pool: the timing pool of ``--gpus N`` / ``--ray [ADDRESS]``, and the compile pool of first
-runs, with as many workers as fit in GPU memory.
+"""The one place worker pools are built: the timing pool of ``--gpus N`` / ``--ray [ADDRESS]``, the compile pool of
+first runs (as many workers as fit in GPU memory), and ``Pools``, the pair of them that every bench measures on
+(``tune``, ``retime``, ``--merge-with``, ``fit-time``).
 
 Timing wants the GPU to itself: one worker per GPU. First runs (compiling a config's kernels into Triton's
 on-disk cache) are mostly CPU work, so many workers share a GPU; each holds a CUDA context and one shape's
@@ -11,12 +12,16 @@ workers building large weights at once can run the GPU out of memory.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from multiprocessing import get_context
 
 from moebench.errors import UserError
 from moebench.problem import Problem
+from moebench.workers.bench import Kept, PoolBench, Timed
 from moebench.workers.local import LocalPool
 from moebench.workers.task import Pool
+
+JOBS = "moebench.workers.jobs"  # the module whose first_run and time_configs the workers run
 
 # Compile workers by default: one per core but one (the caller's own), at most 15.
 MAX_DEFAULT_JOBS = 15
@@ -101,3 +106,47 @@ def compile_pool(jobs: int, problem: Problem, gpus: int | None = None) -> LocalP
     lock = get_context("spawn").Lock()
     return LocalPool(n, list(range(gpus)) if gpus else None, initializer="moebench.workers.jobs:share_builds",
                      initargs=(lock,))
+
+
+class Pools:
+    """The worker pools benches measure on, started once for many benches: one timing worker per GPU (or the
+    tasks of a Ray cluster) and, on a local GPU, compile workers (as many as fit the largest weights asked for
+    so far, the pool made again when larger ones come); on the interpreter and on Ray one pool does both.
+    ``jobs``: the module whose functions the workers run (tests give a stand-in)."""
+
+    def __init__(self, gpus: int | None = None, compile_jobs: int | None = None, ray: str | bool | None = None,
+                 jobs: str = JOBS):
+        self.gpus, self.compile_jobs, self.ray, self.jobs = gpus, compile_jobs, ray, jobs
+        self._time: Pool | None = None
+        self._compile: Pool | None = None
+        self._sized_for = -1  # the weight bytes the compile pool was sized for
+
+    def bench(self, path: str, problems: Mapping[int, Problem], on_result: Callable[[Timed], None],
+              on_progress: Callable[[str, int, int], None] | None = None, kept: Kept | None = None) -> PoolBench:
+        """A ``PoolBench`` of ``path`` at ``problems`` on these pools (``kept``: a stopped run's answers)."""
+        from moebench._interpret import interpreting
+
+        if self._time is None:
+            self._time = make_pool(self.gpus, self.ray)
+        problem = problems[min(problems)]
+        jobs = default_jobs() if self.compile_jobs is None else self.compile_jobs
+        local = self.ray in (None, False) and not interpreting()
+        if local and jobs and weight_bytes(problem) > self._sized_for:
+            if self._compile is not None:
+                self._compile.close()
+            self._compile = compile_pool(jobs, problem, self.gpus or local_gpus())
+            self._sized_for = weight_bytes(problem)
+        return PoolBench(path, problems, self._compile or self._time, self._time, on_result, kept,
+                         on_progress=on_progress, jobs=self.jobs)
+
+    def close(self) -> None:
+        for pool in (self._compile, self._time):
+            if pool is not None:
+                pool.close()
+        self._time = self._compile = None
+
+    def __enter__(self) -> Pools:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from moebench.tune.bench import Bench, fastest
 from moebench.tune.strategies.ranges import MAX_COUNT, check_ranges
+from moebench.workers.bench import Bench, fastest
 
 if TYPE_CHECKING:  # annotations only: the registry, read by --strategy, loads no torch
     from moebench.tune.candidates import Candidates

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from moebench.errors import UserError
-from moebench.tune.bench import Bench, fastest, unique
 from moebench.tune.strategies.ranges import MAX_COUNT, MAX_STEPS, check_ranges
+from moebench.workers.bench import Bench, fastest, unique
 
 if TYPE_CHECKING:  # annotations only: the registry, read by --strategy, loads no torch
     from moebench.tune.candidates import Candidates

@@ -1,7 +1,8 @@
-"""The tuner's measurements: what strategies ask for (compile these, time those at each M) and who answers.
+"""Measurements of configs on worker pools: what a strategy, ``retime``, ``--merge-with`` and ``fit-time`` ask
+for (compile these, time those at each M) and who answers.
 
-A strategy sees a ``Bench``: ``compile(configs)`` before it times them, then ``time({M: configs}, phase)``, or
-both at once with ``compile_and_time``. ``PoolBench`` answers on workers (``workers.pools``): first runs on a
+A caller sees a ``Bench``: ``compile(configs)`` before it times them, then ``time({M: configs}, phase)``, or
+both at once with ``compile_and_time``. ``PoolBench`` answers on workers (``workers.pools.Pools``): first runs on a
 compile pool, timings on a pool of one worker per GPU, a batch per M so several GPUs time several M at once;
 in ``compile_and_time`` the GPU times what has compiled while the CPUs compile the rest. Every new measurement goes to
 ``on_result`` (the run writes it as a row). Answers already in the rows of an interrupted run (``Kept``) are
@@ -60,10 +61,11 @@ def timed_row(problem: Problem, path: str, target, t: Timed, *, phase: str | Non
     ``phase`` (None: a row as a sweep's) and ``source`` (``config_source``: where the config came from)."""
     from dataclasses import replace
 
+    from moebench.measure.timer import run_method
     from moebench.store.rows import Row
 
     status = "ok" if t.ok else ("incorrect" if t.failure == "incorrect" else "error")
-    method = None if t.time_us is None else ("interpreter wall clock" if target.interpreter else "graph replay")
+    method = None if t.time_us is None else run_method(target.interpreter)
     return replace(Row.for_point(problem, path, target), config=t.config.as_dict(), status=status,
                    correct=None if t.rel_err is None and not t.ok else t.failure != "incorrect", rel_err=t.rel_err,
                    time_us=t.time_us, time_p20_us=t.p20_us, time_p80_us=t.p80_us, reps=t.reps,

@@ -1,5 +1,5 @@
 """``moebench fit-check``: the fitted default (``tables.fitted``) checked leave-one-shape-out on the tuned tables,
-and the points a GPU times it at (``report.fittime``).
+and the points a GPU times it at (``audit.fittime``).
 
 tables -> for each table, the fit over the tables of its device but those of its shape (``Fit.without``) ->
 per key M: the fitted config (or the heuristic, where no tuned point is near enough) beside the table's ->
@@ -182,7 +182,7 @@ def points(tables: Sequence[Tuned], device_name: str, entries=None, ms: Sequence
 
 
 def write_points(path: Path, pts: list[dict], device_name: str, tables: Sequence[Tuned]) -> None:
-    """The points as a versioned JSON file a GPU run reads (``report.fittime.read_points``), written whole."""
+    """The points as a versioned JSON file a GPU run reads (``audit.fittime.read_points``), written whole."""
     from moebench.store.atomic import write_json_atomic
 
     write_json_atomic(Path(path), {"format": POINTS_FORMAT, "version": POINTS_VERSION, "device_name": device_name,

@@ -3,7 +3,7 @@ per M the faster entry, timed back to back in the table's kernel form.
 
 export plan (``tables.export.plan_export``) + FILE (``tables.files.read_table``) -> the planned table FILE's name
 matches (``prepare``: same kernel form, shape, dtype and device) -> at each M both tables hold, the tuned entry
-and the shipped one timed back to back (``report.pairs``): the tuned one where it is FASTER beyond the noise,
+and the shipped one timed back to back (``audit.pairs``): the tuned one where it is FASTER beyond the noise,
 else the shipped one (ties and unknown noise keep what the engine ships) -> keys only in FILE kept as they are,
 keys only in the tune kept -> the merged table written by ``write_export``, its sidecar entry saying per M
 which entry came from where and both times.
@@ -13,15 +13,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from moebench.audit.pairs import REPEATS, Judged, open_run, row, time_pairs
 from moebench.errors import UserError
 from moebench.models import MoEShape
-from moebench.report.pairs import REPEATS, Judged, Pools, open_run, row, time_pairs
 from moebench.tables.export import Planned, tuned_times
 from moebench.tables.files import TableFile, read_table
 from moebench.tables.table import ConfigTable
+
+if TYPE_CHECKING:
+    from moebench.workers.pools import Pools
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ untuned default and the times they were tuned with; the drift gate to run before
 
 TABLE | DIR -> ``tables.files`` (layout, configs, E, N, device, dtype; the hidden size and top-k from the shape
 options, the moebench header or the export's sidecar) -> per table and M, the entry and the default of the
-table's kernel form (vLLM, SGLang: triton-classic; moebench: triton) timed back to back (``report.pairs``) ->
+table's kernel form (vLLM, SGLang: triton-classic; moebench: triton) timed back to back (``audit.pairs``) ->
 a verdict per M, SLOWER (or FAILED) marking a stale entry -> rows in a run folder; with ``write``, each stale
 entry replaced by the faster of the two timed configs (the default), the other entries kept, the changed
 tables and their sidecars written as one.
@@ -15,12 +15,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from moebench.audit.pairs import REPEATS, Judged, against, open_run, row, time_pairs
 from moebench.errors import UserError
 from moebench.models import MoEShape
-from moebench.report.pairs import REPEATS, Judged, Pools, against, open_run, row, time_pairs
 from moebench.tables.files import TableFile, read_table, same_name, table_files, text_of
 from moebench.tables.table import ConfigTable
+
+if TYPE_CHECKING:
+    from moebench.workers.pools import Pools
 
 STALE = ("SLOWER", "FAILED")  # verdicts of an entry that is worse than the default now
 

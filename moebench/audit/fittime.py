@@ -3,7 +3,7 @@ engines' untuned default and the tuned table, back to back.
 
 points file -> per served entry: moebench's kernel (``triton``) times the fitted config and the table's (the
 heuristic where the shape has no table), the engines' form (``triton-classic``) its untuned default, a bench
-each (``report.pairs.Pools``), each config checked against the reference first -> ``repeats`` passes, the two
+each (``workers.pools.Pools``), each config checked against the reference first -> ``repeats`` passes, the two
 benches' order and the two configs' swapped each pass -> per M and side the median and the noise
 (``compare.point_times``, ``combined_noise``) -> the fitted config judged against each (``compare.judge``) ->
 ``meets``: not SLOWER than the engines' default and at most ``GOAL_VS_TABLE`` times the table's time; per entry
@@ -19,11 +19,15 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from moebench.audit.fitcheck import POINTS_FORMAT, POINTS_VERSION
+from moebench.audit.pairs import MIN_NOISE, REPEATS, open_run, row
 from moebench.errors import UserError
-from moebench.report.fitcheck import POINTS_FORMAT, POINTS_VERSION
-from moebench.report.pairs import MIN_NOISE, REPEATS, Pools, open_run, row
 from moebench.tile import TileConfig
+
+if TYPE_CHECKING:
+    from moebench.workers.pools import Pools
 
 GOAL_VS_TABLE = 1.10  # the fitted default's time at most this times the tuned table's
 SIDES = ("fitted", "other", "classic")  # other: the table's config, or the heuristic where there is no table

@@ -1,8 +1,8 @@
 """Two configs per M timed back to back on this machine and judged by ``compare``'s verdict: what ``retime`` and
 ``export-configs --merge-with`` measure.
 
-{M: (a, b)} -> a bench (``tune.bench.PoolBench`` on the worker pools of ``Pools``: each config checked, then
-timed) compiles both, then times both at every M ``repeats`` times, their order swapped each pass -> per M and
+{M: (a, b)} -> a bench (``workers.bench.PoolBench`` on ``workers.pools.Pools``: each config checked, then timed)
+compiles both, then times both at every M ``repeats`` times, their order swapped each pass -> per M and
 side the median over the passes and the noise (the spread within a pass and between passes,
 ``compare.point_times``) -> ``ratio = a / b`` and FASTER / SLOWER / SAME / UNKNOWN (``compare.judge`` against
 ``compare.combined_noise``), or FAILED where ``a`` did not run. Every timing is a row of a run folder
@@ -12,7 +12,7 @@ side the median over the passes and the noise (the spread within a pass and betw
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from moebench.paths.base import Target
     from moebench.problem import Problem
     from moebench.store.runfolder import RunWriter
-    from moebench.tune.bench import Bench, Timed
+    from moebench.workers.bench import Bench, Timed
 
 REPEATS = 3  # passes over every pair: the spread between them is part of the noise
 MIN_NOISE = 0.03  # the least noise band, as `moebench compare`'s default threshold
@@ -123,56 +123,14 @@ def against(now_us: float | None, spread: float | None, then: Mapping | None,
 
 # ---- where the timings run and go ----------------------------------------------------------------------
 
-class Pools:
-    """The worker pools benches measure on, started once for many tables: one timing worker per GPU and, on a
-    GPU, compile workers (as many as fit the largest weights asked for so far); on the interpreter one worker
-    does both. ``jobs``: the module whose functions the workers run (tests give a stand-in)."""
-
-    def __init__(self, gpus: int | None = None, compile_jobs: int | None = None,
-                 jobs: str = "moebench.workers.jobs"):
-        self.gpus, self.compile_jobs, self.jobs = gpus, compile_jobs, jobs
-        self._time = self._compile = None
-        self._sized_for = -1  # the weight bytes the compile pool was sized for
-
-    def bench(self, path: str, problems: Mapping[int, Problem], on_result: Callable[[Timed], None],
-              on_progress: Callable[[str, int, int], None] | None = None) -> Bench:
-        """A ``PoolBench`` of ``path`` at ``problems`` on these pools."""
-        from moebench._interpret import interpreting
-        from moebench.tune.bench import PoolBench
-        from moebench.workers.pools import compile_pool, default_jobs, local_gpus, make_pool, weight_bytes
-
-        if self._time is None:
-            self._time = make_pool(self.gpus)
-        problem = problems[min(problems)]
-        jobs = default_jobs() if self.compile_jobs is None else self.compile_jobs
-        if not interpreting() and jobs and weight_bytes(problem) > self._sized_for:
-            if self._compile is not None:
-                self._compile.close()
-            self._compile = compile_pool(jobs, problem, self.gpus or local_gpus())
-            self._sized_for = weight_bytes(problem)
-        return PoolBench(path, problems, self._compile or self._time, self._time, on_result,
-                         on_progress=on_progress, jobs=self.jobs)
-
-    def close(self) -> None:
-        for pool in (self._compile, self._time):
-            if pool is not None:
-                pool.close()
-        self._time = self._compile = None
-
-    def __enter__(self) -> Pools:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 def open_run(out_base: Path, name: str, interpreter: bool, **entries) -> RunWriter:
     """A new run folder ``<time>-<name>`` under ``out_base`` for timings of this kind, ``entries`` in its meta."""
     from moebench.environment import describe
+    from moebench.measure.timer import run_method
     from moebench.store.runfolder import RunWriter, ensure_out_dir, new_run_dir
 
     meta = describe(interpreter)
-    meta.update(sweep=name, timing_method="interpreter wall clock" if interpreter else "graph replay", **entries)
+    meta.update(sweep=name, timing_method=run_method(interpreter), **entries)
     ensure_out_dir(out_base)
     return RunWriter(new_run_dir(out_base, name), meta)
 
@@ -181,6 +139,6 @@ def row(problem: Problem, path: str, target: Target, t: Timed, source: str | Non
     """The run folder's row of one timing ``t``, as a sweep's rows are (no tune phase: ``report`` shows the
     fastest config of each point, ``compare`` and ``export-configs`` read it as any run); ``source`` says where
     the config came from (``config_source``: a table's entry, or the path's "heuristic" default)."""
-    from moebench.tune.bench import timed_row
+    from moebench.workers.bench import timed_row
 
     return timed_row(problem, path, target, t, phase=None, source=source)
