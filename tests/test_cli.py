@@ -1,4 +1,6 @@
-"""The command line end to end on the CPU (Triton interpreter): outputs, run folders, and bad input."""
+"""The command line end to end: outputs, run folders, and bad input, on the CPU (Triton interpreter) and on a GPU
+machine alike. The sweep most tests read is an interpreter run wherever the tests run (on a GPU machine a fresh
+process makes it with the GPU hidden); the tests of what a sweep does differently without a GPU skip on one."""
 
 from __future__ import annotations
 
@@ -22,9 +24,9 @@ from moebench.store.runfolder import ROW_COLUMNS, load_run
 ROOT = Path(__file__).resolve().parent.parent
 GPU_RUN = ROOT / "tests" / "data" / "h200-quick"  # a run folder from an H200 (the quick spec)
 
-# These tests pin the CPU behaviour (interpreter rows, refusals of GPU-only work); on a GPU
-# machine the same commands are exercised by the benchmark runs themselves.
-pytestmark = pytest.mark.skipif(not interpreting(), reason="CLI tests describe the CPU (interpreter) run")
+# What a sweep does in this process only where Triton runs on the interpreter (the defaults it swaps, the
+# refusals of GPU-only work); on a GPU machine the same command runs on the GPU.
+interpreter_only = pytest.mark.skipif(not interpreting(), reason="checks what a sweep does without a GPU")
 
 
 def moebench(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -32,19 +34,23 @@ def moebench(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     return moebench_in_process(*args, cwd=cwd or ROOT)
 
 
-def moebench_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """The command in a fresh interpreter, for what only a new process shows."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def moebench_process(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    """The command in a fresh interpreter, for what only a new process shows; ``env`` is added to its environment."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
     return subprocess.run([sys.executable, "-m", "moebench", *args], capture_output=True, text=True, env=env,
                           cwd=cwd or ROOT, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
-    """One small sweep shared by the tests below: tiny shape, two M, fp32, triton and the reference."""
+    """One small sweep shared by the tests below: tiny shape, two M, fp32, triton and the reference, on the
+    interpreter. Where this process runs Triton on a GPU, a fresh process runs it with no GPU visible and the
+    interpreter on (Triton reads TRITON_INTERPRET once, when it is imported)."""
     out = tmp_path_factory.mktemp("runs")
-    proc = moebench("sweep", "--model", "tiny", "--m", "1,5", "--dtype", "fp32", "--path", "triton,torch",
-                    "--out", str(out), "--format", "csv", "--no-progress")
+    args = ("sweep", "--model", "tiny", "--m", "1,5", "--dtype", "fp32", "--path", "triton,torch",
+            "--out", str(out), "--format", "csv", "--no-progress")
+    proc = moebench(*args) if interpreting() else moebench_process(*args, CUDA_VISIBLE_DEVICES="",
+                                                                   TRITON_INTERPRET="1")
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = list(out.iterdir())
     return proc, run_dir
@@ -152,7 +158,8 @@ def test_export_configs_refuses_interpreter_runs(cpu_run, tmp_path):
     (["sweep", "--model", "nosuch", "--m", "1"], "unknown model"),  # unknown preset
     (["sweep", "--model", "tiny", "--m", "0"], "M must be positive"),  # impossible M
     (["sweep", "--model", "tiny", "--m", "1", "--topk", "9"], "impossible"),  # top-k > experts
-    (["sweep", "--model", "tiny", "--m", "1", "--path", "cutlass"], "sm90"),  # GPU-only path on a CPU
+    pytest.param(["sweep", "--model", "tiny", "--m", "1", "--path", "cutlass"], "sm90",
+                 marks=interpreter_only),  # GPU-only path on a CPU
     (["sweep", "--experts", "8", "--hidden", "64", "--m", "1"], "needs --experts"),  # incomplete shape
     (["sweep", "missing.yaml"], "no sweep spec"),  # missing file
     (["sweep", "--hf-config", "nowhere/config.json", "--m", "1"], "nowhere"),  # missing HF config
@@ -207,6 +214,7 @@ def _error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]
 
 
+@interpreter_only
 def test_sweep_with_its_defaults_runs_on_the_cpu_and_says_what_it_changed(tmp_path):
     """`moebench sweep --model tiny`: the GPU defaults (bf16, cutlass, M up to 4096) give way to what the
     interpreter runs (fp16, torch, small M), one stderr line says so, and the table shows each point's check."""
@@ -223,6 +231,7 @@ def test_sweep_with_its_defaults_runs_on_the_cpu_and_says_what_it_changed(tmp_pa
     assert "time-to-first-token" not in proc.stdout  # no TTFT from an interpreter run or a 1-token layer
 
 
+@interpreter_only
 def test_bf16_asked_for_by_name_is_refused_on_the_cpu(tmp_path):
     """What the user names is not swapped: the interpreter's reason is the one error line."""
     proc = moebench("sweep", "--model", "tiny", "--m", "1", "--dtype", "bf16", "--path", "triton",

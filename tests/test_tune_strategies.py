@@ -176,14 +176,14 @@ def test_the_command_offers_every_strategy_and_its_options():
 # --- moebench's kernel: the recorded H200 tunes of the default search --------------------------------------
 
 OWN_RECORDED = Path(__file__).parent / "data" / "h200-own-tune"  # screens of results/h200-own-t*
-# results/h200-own-tune-9b30689, then results/h200-own-tables-fca5ebb (compiles overlapped): per recording the screens
-# the H200 made (the search with every hand-picked candidate a seed) and those the default search asks for now.
+# results/h200-own-tune-9b30689, then results/h200-own-tables-fca5ebb (compiles overlapped): each recording holds
+# the screens the H200 made (the search with every hand-picked candidate a seed).
 OWN_RECORDINGS = {
-    "qwen3-30b-a3b-bf16": (lambda: get_model("qwen3-30b-a3b"), "bf16", 1795, 1403),
-    "deepseek-v3-tp8-fp8-block128": (lambda: shard(get_model("deepseek-v3"), tp=8), "fp8-block128", 3997, 2456),
-    "qwen3-30b-a3b-fp8-block128": (lambda: get_model("qwen3-30b-a3b"), "fp8-block128", 2734, 1743),
-    "mixtral-8x7b-bf16": (lambda: get_model("mixtral-8x7b"), "bf16", 2064, 1484),  # 8 experts: few slots per expert
-    "gpt-oss-20b-bf16": (lambda: get_model("gpt-oss-20b"), "bf16", 1822, 1392),
+    "qwen3-30b-a3b-bf16": (lambda: get_model("qwen3-30b-a3b"), "bf16"),
+    "deepseek-v3-tp8-fp8-block128": (lambda: shard(get_model("deepseek-v3"), tp=8), "fp8-block128"),
+    "qwen3-30b-a3b-fp8-block128": (lambda: get_model("qwen3-30b-a3b"), "fp8-block128"),
+    "mixtral-8x7b-bf16": (lambda: get_model("mixtral-8x7b"), "bf16"),  # 8 experts: few slots per expert
+    "gpt-oss-20b-bf16": (lambda: get_model("gpt-oss-20b"), "bf16"),
 }
 H200 = DeviceLimits(sms=132, l2_bytes=60 * 2**20, smem_bytes=227 * 1024)  # as torch reports the H200's
 OWN_GEOMEAN, OWN_WORST = 1.010, 1.03  # the default search's choice against the recorded best: over M, at each M
@@ -215,20 +215,23 @@ def test_the_replay_of_an_h200_tune_of_moebenchs_kernel_screens_what_the_h200_sc
     re-times.)"""
     times, bench, chosen = own_replay(name, monkeypatch, rules=())
     asked = [(M, key) for M, key, phase in bench.timed if phase == "screen"]
-    assert len(asked) == len(set(asked)) == OWN_RECORDINGS[name][2]
+    assert len(asked) == len(set(asked))  # each (M, config) screened once
     assert set(asked) == {k for k, t in times.items() if t is not None}
     assert all(cfg is not None for cfg in chosen.values())
 
 
 @pytest.mark.parametrize("name", OWN_RECORDINGS)
 def test_the_default_search_screens_fewer_seeds_and_chooses_within_the_bound_of_the_recorded_best(name, monkeypatch):
-    """With the seed rules (``seeds.SEED_RULES``) the default search asks for the screens OWN_RECORDINGS states,
-    each once and fewer than the H200 made, and its choice at each M is within OWN_WORST of the recorded best
-    (OWN_GEOMEAN over M). A screen the recording lacks (a climb from another leader) counts as a failure, so the
-    bound holds on what the H200 timed."""
+    """With the seed rules (``seeds.SEED_RULES``) the default search screens each (M, config) once, fewer in
+    all than the H200 made (the recording's screens: the budget it must stay under), and compiles fewer
+    configs; its choice at each M is within OWN_WORST of the recorded best (OWN_GEOMEAN over M). A screen the
+    recording lacks (a climb from another leader) counts as a failure, so the bound holds on what the H200
+    timed."""
     times, bench, chosen = own_replay(name, monkeypatch)
     asked = [(M, key) for M, key, phase in bench.timed if phase == "screen"]
-    assert len(asked) == len(set(asked)) == OWN_RECORDINGS[name][3] < OWN_RECORDINGS[name][2]
+    recorded = {k for k, t in times.items() if t is not None}  # the screens the H200 made
+    assert len(asked) == len(set(asked)) < len(recorded)
+    assert len(bench.compiled) < len({key for _, key in times})  # the configs the H200 compiled
     best = {M: min(t for (m, _), t in times.items() if m == M and t is not None) for M in chosen}
     ratios = {M: times[(M, cfg.key())] / best[M] for M, cfg in chosen.items()}
     M = max(ratios, key=ratios.get)
