@@ -10,6 +10,7 @@ the global experts and gets the map of rank 0 (global ids 0..E_local-1 local, th
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import torch
 from moebench.dtypes import DtypeSpec, get_dtype
 from moebench.errors import UserError
 from moebench.models import MoEShape
-from moebench.quant import empty_quantized, quantize_into, static_act_scales
+from moebench.quant import empty_quantized, quantize_into, scale_shape, static_act_scales
 from moebench.routing import check_routing, route
 
 # Seeds are 0 to 2^32 - 1: numpy's generators take no negative seed, and make_inputs' derived seed
@@ -72,10 +73,9 @@ class Problem:
         zeros where no local expert is routed to)."""
         s, d = self.shape, self.spec
         per_expert = 3 * s.intermediate * s.hidden * d.weight_bytes
-        if d.fp8_scheme == "channel":
-            per_expert += 4 * (2 * s.intermediate + s.hidden)
-        elif d.fp8_scheme == "block128":
-            per_expert += 4 * 3 * -(-s.intermediate // 128) * -(-s.hidden // 128)
+        if d.fp8_scheme is not None:  # float32 scales, as quantize_weight shapes them for w13 and w2
+            for weight in ((1, 2 * s.intermediate, s.hidden), (1, s.hidden, s.intermediate)):
+                per_expert += 4 * math.prod(scale_shape(weight, d.fp8_scheme))
         activations = 2 * self.M * s.hidden * d.act_bytes
         return experts_touched * per_expert + activations
 

@@ -48,6 +48,24 @@ def test_block128_bytes_count_the_scales_of_gate_up_and_down(experts, hidden, in
     assert f.floor_us == pytest.approx(f.bytes / (CEIL.mem_gbps * 1e9) * 1e6)
 
 
+@pytest.mark.parametrize("dtype, hidden, intermediate", [
+    ("fp8-block128", 512, 384),  # whole blocks
+    ("fp8-block128", 320, 192),  # I = 1.5 blocks: w13's 2I is 3 blocks, not 2 x 2 (a partial block per matrix)
+    ("fp8-channel", 320, 192),  # one scale per output row: 2I of w13, hidden of w2
+    ("fp8-tensor", 256, 128),  # one scale per matrix and expert
+])
+def test_scale_bytes_are_those_of_the_scales_the_weights_carry(dtype, hidden, intermediate):
+    """The floor's scale bytes equal those of the scale tensors ``make_weights`` builds for the kernels to
+    read (w13 [E, 2I, hidden] and w2 [E, hidden, I]), for each fp8 scheme."""
+    experts = 2
+    shape = MoEShape("m", experts=experts, hidden=hidden, intermediate=intermediate, topk=1)
+    p = Problem(shape, 1, dtype)
+    w = make_weights(shape, dtype, seed=0, device="cpu")
+    scale_bytes = (w.w13_scale.numel() + w.w2_scale.numel()) * w.w13_scale.element_size()  # all experts
+    weight_bytes = w.w13.numel() * w.w13.element_size() + w.w2.numel() * w.w2.element_size()
+    assert p.min_bytes(experts) == weight_bytes + scale_bytes + 2 * 1 * hidden * 2
+
+
 def test_block128_scale_bytes_are_those_of_the_scales_the_weights_carry():
     """The floor's scale bytes equal those of the scale tensors ``make_weights`` builds for the kernels to
     read (w13 [E, 2I, hidden] and w2 [E, hidden, I], one float32 per 128x128 block)."""
