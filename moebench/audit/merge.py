@@ -114,7 +114,8 @@ def merge(m: Merge, plan: Planned, out_base: Path, pools: Pools, *, repeats: int
             entries[M] = j.a if tuned_wins else j.b
             keys[str(M)] = {"from": "tuned" if tuned_wins else "shipped", "tuned_us": j.a_us, "shipped_us": j.b_us,
                             "verdict": j.verdict, "noise": j.noise}
-    table = ConfigTable(entries)
+    extras = {M: more for M, more in shipped.extras.items() if keys[str(M)]["from"] == "shipped"}
+    table = ConfigTable(entries, extras=extras)  # a shipped entry kept keeps the keys it carries
     plan.tables[m.file] = (m.key, table)
     times = tuned_times(plan.rows[m.key], table)
     for M, j in judged.items():  # the merge's own timing of the entry kept, where it ran

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from moebench.tables import lookup
+from moebench.tables.engine_entry import carried_note
 from moebench.tables.formats import FORMATS
 from moebench.tables.formats import sglang as sglang_format
 from moebench.tables.table import ConfigTable
@@ -268,7 +269,7 @@ def _read(engine: str, path: Path) -> tuple[ConfigTable | None, str]:
     if engine == "sglang" and "triton_version" in json.loads(path.read_text()):
         return table, ("the file has a \"triton_version\" entry, which SGLang reads as a token count and fails on "
                        "(a vLLM file? export it with --layout sglang)")
-    return table, ""
+    return table, carried_note(table.extras, engine, FORMATS[engine].READER) or ""
 
 
 # ---- the command that makes the file ----
