@@ -136,6 +136,11 @@ def _plan_one(tf: TableFile, shape: MoEShape | None, hidden_topk: tuple[int, int
     if device_name is not None and _device(tf.device_name) != _device(device_name) and in_folder:
         refuse(f"a table for {tf.device_name}, and this GPU is {device_name}")
     if shape is not None:
+        if tf.layout == "sglang" and shape.shared_experts == 1 and not shape.mapped \
+                and (shape.experts + 1, shape.intermediate) == (tf.experts, tf.n):
+            from moebench.models import fuse_shared
+
+            shape = fuse_shared(shape)  # SGLang's file of the layer with its shared expert fused in (E+1)
         if (shape.experts, shape.intermediate) != (tf.experts, tf.n):
             refuse(f"shape mismatch: the file is E={tf.experts},N={tf.n}; {shape.name} is "
                    f"E={shape.experts},N={shape.intermediate} (--tp/--ep shard it)")
