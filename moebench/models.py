@@ -83,6 +83,32 @@ class EPMapShape(MoEShape):
         return self.global_experts
 
 
+@dataclass(frozen=True)
+class FusedShape(MoEShape):
+    """A layer with its ``fused`` shared experts served inside the routed MoE kernel (SGLang's shared-expert
+    fusion of DeepSeek-V3 and Kimi-K2, ``tables.fusion``): ``experts`` and ``topk`` count them, the router
+    picks ``topk - fused`` of the first ``experts - fused``, and every token is routed to each shared one too
+    (the last ids). A class of its own, so plain shapes keep their fields (and the keys built from them)."""
+
+    fused: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not _is_int(self.fused) or not 1 <= self.fused < min(self.topk, self.experts):
+            raise UserError(f"model {self.name}: fused shared experts ({self.fused!r}) must be at least 1 and "
+                            "fewer than topk and experts")
+
+
+def fuse_shared(shape: MoEShape) -> FusedShape:
+    """``shape`` with its shared experts served in the routed layer (E + shared experts, top-k + shared), named
+    ``<name>+shared``; a shape with none is a UserError."""
+    n = shape.shared_experts
+    if n < 1 or shape.mapped or isinstance(shape, FusedShape):
+        raise UserError(f"{shape.name}: no shared expert to fuse into the routed layer (or already fused)")
+    return FusedShape(f"{shape.name}+shared", shape.experts + n, shape.hidden, shape.intermediate, shape.topk + n,
+                      shape.moe_layers, n, fused=n)
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -180,25 +206,7 @@ _INTERMEDIATE_FIELDS = ("moe_intermediate_size", "intermediate_size")  # routed 
 
 def from_hf_config(path: str | Path) -> MoEShape:
     """The MoE shape described by a Hugging Face ``config.json`` (the file, or a directory holding it)."""
-    file = Path(path)
-    if file.is_dir():
-        file = file / "config.json"
-    if not file.is_file():
-        raise UserError(f"{file}: no such file; pass a Hugging Face config.json or a directory holding one")
-    try:
-        raw = file.read_bytes()
-    except OSError as e:
-        raise UserError(f"{file}: cannot read it ({e.strerror or e})") from None
-    try:
-        outer = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{file}: not valid JSON ({e})") from None
-    if not isinstance(outer, dict):
-        raise UserError(f"{file}: expected a JSON object, got {type(outer).__name__}")
-    # Llama-4 (and other multimodal configs) nest the language model under text_config.
-    nested = outer.get("text_config")
-    cfg: dict[str, Any] = {**outer, **nested} if isinstance(nested, dict) else outer
-
+    file, outer, cfg = _read_config(path)
     experts = _first(cfg, _EXPERT_FIELDS, file)
     topk = _first(cfg, _TOPK_FIELDS, file)
     if not experts or not topk:
@@ -221,6 +229,78 @@ def from_hf_config(path: str | Path) -> MoEShape:
         return MoEShape(name, experts, hidden, intermediate, topk, moe_layers, shared)
     except UserError as e:  # e.g. topk > experts: say which file it came from
         raise UserError(f"{file}: {e}") from None
+
+
+def checkpoint_dtype(path: str | Path) -> tuple[str | None, str]:
+    """(moebench dtype, why) of the weights a Hugging Face ``config.json`` describes: its ``quantization_config``
+    (fp8 with 128x128 weight blocks, per tensor with static or dynamic activation scales, per channel), else its
+    ``torch_dtype``; None where moebench tunes no such weights (int4, mxfp4, other fp8 blocks...)."""
+    _, outer, cfg = _read_config(path)
+    quant = cfg.get("quantization_config") or outer.get("quantization_config")
+    if not isinstance(quant, dict):
+        torch_dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+        named = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(str(torch_dtype))
+        if named is None:
+            return "bf16", "no quantization_config and no torch_dtype: bf16"
+        return named, f"no quantization_config; torch_dtype {torch_dtype}"
+    method = str(quant.get("quant_method", ""))[:40]
+    if method == "fp8":
+        block = quant.get("weight_block_size")
+        if block is not None:
+            if list(block) == [128, 128]:
+                return "fp8-block128", "quantization_config: fp8, weight_block_size [128, 128]"
+            return None, f"quantization_config: fp8 blocks of {str(block)[:20]}; moebench tunes 128x128 blocks"
+        if quant.get("activation_scheme") == "static":
+            return "fp8-tensor-static", "quantization_config: fp8 per tensor, static activation scales"
+        return "fp8-tensor", "quantization_config: fp8 per tensor, dynamic activation scales"
+    if method == "fbgemm_fp8":
+        return "fp8-channel", "quantization_config: fbgemm_fp8 (fp8 weights per channel)"
+    if method == "compressed-tensors":
+        return _compressed_tensors(quant)
+    return None, f"quantization_config: quant_method {method!r}; moebench tunes bf16, fp16, fp32 and fp8"
+
+
+def _compressed_tensors(quant: dict) -> tuple[str | None, str]:
+    """A compressed-tensors config's fp8 scheme, from its first config group's weights and input activations."""
+    groups = quant.get("config_groups")
+    group = next(iter(groups.values()), None) if isinstance(groups, dict) else None
+    weights = group.get("weights") if isinstance(group, dict) else None
+    acts = group.get("input_activations") if isinstance(group, dict) else None
+    if not isinstance(weights, dict) or weights.get("type") != "float" or weights.get("num_bits") != 8:
+        return None, "quantization_config: compressed-tensors weights that are not fp8"
+    strategy = weights.get("strategy")
+    dynamic = not isinstance(acts, dict) or acts.get("dynamic", True) is not False
+    why = f"quantization_config: compressed-tensors fp8, {str(strategy)[:20]} weights"
+    if strategy == "channel":
+        return "fp8-channel", why
+    if strategy == "tensor":
+        return ("fp8-tensor" if dynamic else "fp8-tensor-static"), why + (", dynamic" if dynamic else ", static") \
+            + " activation scales"
+    if strategy == "block" and list(weights.get("block_structure") or []) == [128, 128]:
+        return "fp8-block128", why + " of 128x128"
+    return None, why + ": not a scheme moebench tunes"
+
+
+def _read_config(path: str | Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """(file, the JSON object, the language model's fields: ``text_config`` merged over it where nested)."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / "config.json"
+    if not file.is_file():
+        raise UserError(f"{file}: no such file; pass a Hugging Face config.json or a directory holding one")
+    try:
+        raw = file.read_bytes()
+    except OSError as e:
+        raise UserError(f"{file}: cannot read it ({e.strerror or e})") from None
+    try:
+        outer = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(outer, dict):
+        raise UserError(f"{file}: expected a JSON object, got {type(outer).__name__}")
+    # Llama-4 (and other multimodal configs) nest the language model under text_config.
+    nested = outer.get("text_config")
+    return file, outer, ({**outer, **nested} if isinstance(nested, dict) else outer)
 
 
 def _first(cfg: dict[str, Any], names: tuple[str, ...], file: Path) -> int | None:

@@ -22,7 +22,7 @@ from moebench.dtypes import DtypeSpec, get_dtype
 from moebench.errors import UserError
 from moebench.models import MoEShape
 from moebench.quant import empty_quantized, quantize_into, scale_shape, static_act_scales
-from moebench.routing import check_routing, route
+from moebench.routing import check_routing, route, with_shared
 
 # Seeds are 0 to 2^32 - 1: numpy's generators take no negative seed, and make_inputs' derived seed
 # (seed * 1_000_003 + ...) must stay within torch's 64-bit one.
@@ -195,5 +195,8 @@ def make_inputs(problem: Problem, device: torch.device | str, weights: Weights |
     seed = problem.seed * 1_000_003 + problem.M * 7919 + draw + 1
     gen = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(problem.M, s.hidden, generator=gen, device=device, dtype=problem.spec.act)
-    topk_weights, topk_ids = route(problem.M, s.routed_experts, s.topk, problem.routing, seed, device)
+    fused = getattr(s, "fused", 0)  # a FusedShape's shared experts, routed for every token as the last ids
+    topk_weights, topk_ids = route(problem.M, s.routed_experts - fused, s.topk - fused, problem.routing, seed, device)
+    if fused:
+        topk_weights, topk_ids = with_shared(topk_weights, topk_ids, s.experts - fused, fused)
     return MoEInputs(x, topk_weights, topk_ids, weights, rank0_map(s, device))

@@ -84,6 +84,16 @@ def route(M: int, experts: int, topk: int, routing: str, seed: int,
     return topk_softmax(logits.to(device), topk)
 
 
+def with_shared(weights: torch.Tensor, ids: torch.Tensor, first: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's output with ``n`` shared experts (ids ``first`` .. ``first + n - 1``) appended to every
+    token's choices at weight 1, as a layer serving its shared experts among the routed ones runs them:
+    (weights [M, topk + n] float32, ids [M, topk + n] int32)."""
+    M = ids.shape[0]
+    shared = torch.arange(first, first + n, dtype=ids.dtype, device=ids.device).expand(M, n)  # [M, n]
+    ones = torch.ones(M, n, dtype=weights.dtype, device=weights.device)
+    return torch.cat([weights, ones], dim=1).contiguous(), torch.cat([ids, shared], dim=1).contiguous()
+
+
 def check_routing(routing: str) -> None:
     """UserError unless ``routing`` is a synthetic distribution's name or a captured routing (``captured``)."""
     if routing not in ROUTINGS and not (isinstance(routing, str) and routing.startswith(CAPTURED) and "#" in routing):

@@ -218,16 +218,19 @@ def test_sglang_file_with_a_triton_version_entry_is_flagged(monkeypatch, tmp_pat
     assert f.read is not None and any("triton_version" in n for n in f.notes)
 
 
-def test_server_triton_is_the_given_then_the_installed_release(monkeypatch):
+def test_server_triton_is_the_given_else_the_one_default_export_configs_has_too(monkeypatch):
+    """Not the Triton installed here: doctor's answer and the export's folder follow one default."""
     import importlib.metadata
+
+    from moebench.cli.tune import export_configs
 
     assert server_triton("3.7.1")[0] == "3.7.1"
     with pytest.raises(UserError, match="X.Y.Z"):
         server_triton("3.9")
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "3.6.0")
-    assert server_triton(None)[0] == "3.6.0"
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "3.6.0+gitabc")  # SGLang could not read it
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "3.9.0")
     assert server_triton(None)[0] == sglang.ENGINE_TRITON
+    help_text = " ".join(export_configs.get_help(export_configs.make_context("export-configs", ["r"])).split())
+    assert f"[default: {sglang.ENGINE_TRITON}" in help_text
 
 
 # ---- moebench: $MOEBENCH_CONFIGS, then the shipped tables ----

@@ -19,7 +19,7 @@ import pandas as pd
 
 from moebench.audit.pairs import REPEATS, Judged, open_run, row, time_pairs
 from moebench.errors import UserError
-from moebench.models import MoEShape
+from moebench.models import FusedShape, MoEShape
 from moebench.tables.export import Planned, tuned_times
 from moebench.tables.files import TableFile, read_table
 from moebench.tables.table import ConfigTable
@@ -64,8 +64,13 @@ def prepare(plan: Planned, shipped: Path) -> Merge:
         raise UserError(f"--merge-with: the run's {file.name} was picked over {len(problem)} problems (models, "
                         "hidden sizes, top-k or routings); merge needs one: export a run of one shape")
     p = problem.iloc[0]
-    shape = MoEShape(str(p["model"]), int(p["experts"]), int(p["hidden"]), int(p["intermediate"]), int(p["topk"]),
-                     int(p["moe_layers"]) if pd.notna(p["moe_layers"]) else 1)
+    layers = int(p["moe_layers"]) if pd.notna(p["moe_layers"]) else 1
+    if str(p["model"]).endswith("+shared"):  # a tune with the shared expert in the routed layer (--shared-fused)
+        shape = FusedShape(str(p["model"]), int(p["experts"]), int(p["hidden"]), int(p["intermediate"]),
+                           int(p["topk"]), layers, 1, fused=1)
+    else:
+        shape = MoEShape(str(p["model"]), int(p["experts"]), int(p["hidden"]), int(p["intermediate"]),
+                         int(p["topk"]), layers)
     return Merge(file, key, tuned, tf, shape, key[2], str(p["routing"]), int(p["seed"]))
 
 
@@ -114,7 +119,8 @@ def merge(m: Merge, plan: Planned, out_base: Path, pools: Pools, *, repeats: int
             entries[M] = j.a if tuned_wins else j.b
             keys[str(M)] = {"from": "tuned" if tuned_wins else "shipped", "tuned_us": j.a_us, "shipped_us": j.b_us,
                             "verdict": j.verdict, "noise": j.noise}
-    table = ConfigTable(entries)
+    extras = {M: more for M, more in shipped.extras.items() if keys[str(M)]["from"] == "shipped"}
+    table = ConfigTable(entries, extras=extras)  # a shipped entry kept keeps the keys it carries
     plan.tables[m.file] = (m.key, table)
     times = tuned_times(plan.rows[m.key], table)
     for M, j in judged.items():  # the merge's own timing of the entry kept, where it ran

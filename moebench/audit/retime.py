@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 from moebench.audit.pairs import REPEATS, Judged, against, open_run, row, time_pairs
 from moebench.errors import UserError
 from moebench.models import MoEShape
+from moebench.tables.engine_entry import carried_note
 from moebench.tables.files import TableFile, read_table, same_name, table_files, text_of
+from moebench.tables.formats import FORMATS
 from moebench.tables.table import ConfigTable
 
 if TYPE_CHECKING:
@@ -98,9 +100,14 @@ def plan(targets: Sequence[Path], shape: MoEShape | None = None, hidden_topk: tu
         paths = table_files(target) if folder else [target]
         for path in paths:
             try:
-                out.append(_plan_one(read_table(path), shape, hidden_topk, dtype, interpreter, device_name, folder))
+                tf = read_table(path)
+                out.append(_plan_one(tf, shape, hidden_topk, dtype, interpreter, device_name, folder))
             except _Skip as e:
                 skipped.append(f"{path.name}: {e}")
+                continue
+            carried = carried_note(tf.table.extras, tf.layout, FORMATS[tf.layout].READER)
+            if carried:
+                notes.append(f"{path.name}: {carried}")
         if skipped:
             notes.append(f"{target}: {len(skipped)} table(s) left out; the first: {skipped[0]}")
         if folder and len(skipped) == len(paths):
@@ -129,6 +136,11 @@ def _plan_one(tf: TableFile, shape: MoEShape | None, hidden_topk: tuple[int, int
     if device_name is not None and _device(tf.device_name) != _device(device_name) and in_folder:
         refuse(f"a table for {tf.device_name}, and this GPU is {device_name}")
     if shape is not None:
+        if tf.layout == "sglang" and shape.shared_experts == 1 and not shape.mapped \
+                and (shape.experts + 1, shape.intermediate) == (tf.experts, tf.n):
+            from moebench.models import fuse_shared
+
+            shape = fuse_shared(shape)  # SGLang's file of the layer with its shared expert fused in (E+1)
         if (shape.experts, shape.intermediate) != (tf.experts, tf.n):
             refuse(f"shape mismatch: the file is E={tf.experts},N={tf.n}; {shape.name} is "
                    f"E={shape.experts},N={shape.intermediate} (--tp/--ep shard it)")
@@ -227,7 +239,8 @@ def _write_stale(result: RetimeResult, meta: dict) -> list[Path]:
         tf = t.planned.file
         entries = dict(tf.table)
         entries.update({M: j.b for M, j in replaced.items()})
-        files[tf.path] = text_of(tf, ConfigTable(entries))
+        extras = {M: more for M, more in tf.table.extras.items() if M not in replaced}  # kept with their entries
+        files[tf.path] = text_of(tf, ConfigTable(entries, order=tf.table.order, extras=extras))
         t.written = True
         if tf.sidecar is not None:
             car = sidecars.setdefault(tf.sidecar, read_sidecar(tf.sidecar))

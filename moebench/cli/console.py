@@ -66,6 +66,21 @@ def note(text: str, style: str = "") -> None:
     err_console().print(Text(text, style=style), soft_wrap=True)
 
 
+def records_text(records: list[dict], fmt: str) -> str:
+    """``records`` (one dict per line, the same keys) as CSV or JSON for programs: stable columns, in order."""
+    import csv
+    import io
+    import json
+
+    if fmt == "json":
+        return json.dumps(records, indent=2)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(records[0]) if records else [], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return buf.getvalue()
+
+
 def out_console():
     """Standard output for tables: the terminal's width, or wide enough not to crop columns in a pipe."""
     from rich.console import Console

@@ -19,13 +19,18 @@ ENGINES = (*FORMATS, "all")
 
 @click.command()
 @shape_options()
-@click.option("--dtype", default=None, help=f"{DTYPE_NAMES}. [default: bf16; with --from-log, the file's]")
+@click.option("--dtype", default=None, help=f"{DTYPE_NAMES}. [default: a --hf-config's quantization_config, a "
+                                            "preset's served dtype (tune-tables --list), else bf16; with --from-log, "
+                                            "the file's]")
 @click.option("--device-name", default=None,
               help='The GPU the engine serves on, as torch names it (e.g. "NVIDIA H200"). [default: this GPU]')
 @click.option("--engine", default=None, type=click.Choice(ENGINES),
               help="Whose lookup to follow. [default: all; with --from-log, the engine that wrote the line]")
 @click.option("--engine-triton", default=None, metavar="X.Y.Z",
-              help="SGLang: the Triton release its server runs, which names its folder. [default: the one here]")
+              help="The Triton release the server runs: it names SGLang's folder, and a found table's Triton is set "
+                   "against it. [default: 3.8.0, SGLang 0.5.23's, as export-configs]")
+@click.option("--disable-shared-experts-fusion", "unfused", is_flag=True,
+              help="SGLang: the server runs with this flag, its shared expert outside the routed layer (E, not E+1).")
 @click.option("--m", "ms", default=None, help="Serving token counts, comma list. [default: vLLM's 18: 1,2,...,4096]")
 @click.option("--m-weights", "m_weights", type=GivenPath(path_type=Path, dir_okay=False), default=None,
               help="A histogram of served batch token counts (as `tune --m-weights` reads): the M shown are "
@@ -35,7 +40,7 @@ ENGINES = (*FORMATS, "all")
               help="An engine's \"Config file not found at ...\" warning (or the file name): answer for that file.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(("table", "json")))
 def doctor(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, device_name, engine, engine_triton,
-           ms, m_weights, log_line, fmt):
+           unfused, ms, m_weights, log_line, fmt):
     """Which tuned config file vLLM, SGLang and moebench look up for a model on a GPU, every place each looks
     (in order) and what is there, the key each serving M reads and whether it was tuned, and the command that
     makes a missing file. Needs no GPU (--device-name names one).
@@ -61,11 +66,13 @@ def doctor(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype,
     if log_line is None:
         device_name = device_name or this_gpu()
         engines = tuple(FORMATS) if engine in (None, "all") else (engine,)
-        ask = Ask(shape.experts, shape.intermediate, device_name, dtype or "bf16", counts, engine_triton, flags)
-        notes = []
+        chosen, why = served_dtype(dtype, model, hf_config)
+        notes = [f"dtype: {chosen} ({why})"]
+        ask = Ask(shape.experts, shape.intermediate, device_name, chosen, counts, engine_triton, flags,
+                  **_sglang_form(shape, ep, device_name, unfused))
     else:
         ask, engines, notes = _from_log(log_line, dtype, device_name, engine, engine_triton, counts,
-                                        shape if shape_given else None, flags)
+                                        shape if shape_given else None, flags, ep, unfused)
     findings = diagnose(ask, engines)
     between = _between_keys(ask, engines, weights) if weights else {}
     if fmt == "json":
@@ -96,7 +103,42 @@ def this_gpu() -> str:
     return torch.cuda.get_device_name()
 
 
-def _from_log(line, dtype, device_name, engine, engine_triton, counts, shape, flags):
+def served_dtype(dtype: str | None, model: str | None, hf_config) -> tuple[str, str]:
+    """(dtype, why) doctor answers for: ``--dtype``, else the checkpoint's (a config.json's quantization_config),
+    else the preset's first served dtype (``tune.served.SERVED``), else bf16."""
+    if dtype is not None:
+        return dtype, "--dtype"
+    if hf_config is not None:
+        from moebench.models import checkpoint_dtype
+
+        found, why = checkpoint_dtype(hf_config)
+        if found is not None:
+            return found, f"the checkpoint's: {why}; --dtype chooses"
+        return "bf16", f"{why}: answered for bf16; --dtype chooses"
+    if model is not None:
+        from moebench.tune.served import SERVED
+
+        served = [s for s in SERVED if s.model == model and s.served]
+        if served:
+            return served[0].dtype, f"{model} is served so: {served[0].why}; --dtype chooses"
+    return "bf16", "the default; --dtype chooses"
+
+
+def _sglang_form(shape, ep: int, device_name: str, unfused: bool) -> dict:
+    """Ask's fields for how SGLang serves ``shape``: its experts, tune flags and a note where it fuses the shared
+    expert into the routed layer (or says why not)."""
+    from moebench.tables.fusion import sglang_fuses
+
+    fuses, why = sglang_fuses(shape, ep, device_name, unfused)
+    if not why:
+        return {}
+    if not fuses:
+        return {"engine_notes": {"sglang": why}}
+    return {"engine_experts": {"sglang": shape.experts + 1}, "engine_flags": {"sglang": "--shared-fused"},
+            "engine_notes": {"sglang": why}}
+
+
+def _from_log(line, dtype, device_name, engine, engine_triton, counts, shape, flags, ep=1, unfused=False):
     """(Ask, engines, notes) for the file an engine's warning line names."""
     from moebench.tables.doctor import Ask
     from moebench.tables.engine_log import parse_log, presets_for
@@ -123,24 +165,38 @@ def _from_log(line, dtype, device_name, engine, engine_triton, counts, shape, fl
     notes.append(f"dtype: {chosen or 'none moebench tunes'} ({logged.why})" if dtype is None else f"dtype: {dtype}")
     if logged.down:
         notes.append("a _down file: SGLang's config for the second GEMM alone; moebench exports one file for both")
+    form: dict = {}
     if shape is not None:
-        if (shape.experts, shape.intermediate) != (logged.experts, logged.n):
+        fused = "sglang" in engines and (shape.experts + 1, shape.intermediate) == (logged.experts, logged.n) \
+            and _sglang_form(shape, ep, logged.device_name, unfused).get("engine_experts")
+        if fused:
+            form = {"engine_flags": {"sglang": "--shared-fused"},
+                    "engine_notes": _sglang_form(shape, ep, logged.device_name, unfused)["engine_notes"]}
+        elif (shape.experts, shape.intermediate) != (logged.experts, logged.n):
             raise UserError(f"the model gives E={shape.experts},N={shape.intermediate}; the log names "
                             f"E={logged.experts},N={logged.n} (--tp/--ep?)")
     else:
         from moebench.tables.doctor import tune_flags
+        from moebench.tables.engine_log import fused_presets_for
 
         found = presets_for(logged.experts, logged.n)
+        fused = fused_presets_for(logged.experts, logged.n) if "sglang" in engines and not unfused else []
         if found:
             name, tp, ep = found[0]
             flags = tune_flags(name, tp=tp, ep=ep)
             notes.append(f"E={logged.experts},N={logged.n} is {_preset(found[0])}"
                          + (f"; also {', '.join(_preset(f) for f in found[1:])} (--model chooses)"
                             if len(found) > 1 else ""))
+        elif fused:
+            name, tp = fused[0]
+            flags = tune_flags(name, tp=tp)
+            form = {"engine_flags": {"sglang": "--shared-fused"}}
+            notes.append(f"E={logged.experts},N={logged.n} is {_preset((name, tp, 1))} with its shared expert in "
+                         "the routed layer, as SGLang serves it")
     names = {e: logged.name for e in engines}
     ask = Ask(logged.experts, logged.n, logged.device_name, chosen, counts,
               engine_triton or logged.engine_triton, flags, names, logged.dirs,
-              "--engine-triton" if engine_triton else "the log's folder")
+              "--engine-triton" if engine_triton else "the log's folder", log_used=logged.used, **form)
     return ask, engines, notes
 
 

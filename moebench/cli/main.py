@@ -15,7 +15,7 @@ import sys
 import click
 
 from moebench import __version__
-from moebench.cli.console import note
+from moebench.cli.console import FORMATS, emit, note, records_text
 from moebench.cli.doctor import doctor
 from moebench.cli.fitcheck import fit_check, fit_time
 from moebench.cli.probes import bounds, isa, profile
@@ -35,10 +35,16 @@ def cli() -> None:
 
 
 @click.command()
-def models():
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
+def models(fmt):
     """List the model presets."""
     from moebench.models import PRESETS
 
+    if fmt != "table":
+        emit(records_text([{"model": name, "experts": s.experts, "hidden": s.hidden, "intermediate": s.intermediate,
+                            "topk": s.topk, "moe_layers": s.moe_layers, "shared_experts": s.shared_experts}
+                           for name, s in PRESETS.items()], fmt))
+        return
     for name, s in PRESETS.items():
         click.echo(f"{name:18} experts={s.experts:<4} hidden={s.hidden:<5} intermediate={s.intermediate:<6} "
                    f"topk={s.topk} moe_layers={s.moe_layers}")

@@ -3,6 +3,7 @@ table of the chosen configs out) and ``tables.export.export_run`` (a run's table
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -11,6 +12,7 @@ from moebench.cli.console import (
     COMPILE_JOBS_OPTION,
     FORMATS,
     GPUS_OPTION,
+    TEXT_FORMATS,
     GivenPath,
     emit,
     load_run_warned,
@@ -18,6 +20,7 @@ from moebench.cli.console import (
     out_console,
     phase_progress,
     progress_bar,
+    records_text,
 )
 from moebench.cli.shape import one_shape, shape_options, token_counts
 from moebench.dtypes import DTYPE_NAMES
@@ -95,11 +98,14 @@ def summary_rows(result) -> list[dict]:
 @click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folder is created.")
 @click.option("--fresh", is_flag=True, help="A new run folder even where a stopped tune of the same request resumes.")
+@click.option("--shared-fused", is_flag=True,
+              help="The shared expert served inside the routed layer, as SGLang serves DeepSeek-V3 and Kimi-K2: E+1 "
+                   "experts, top-k+1, every token routed to the shared one (its files are E=257 at TP8).")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
 def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, path_name, ms, strategy, options,
          no_prune, gpus, ray_address, compile_jobs, check_against, seed, routing, m_weights, out_dir, fmt, progress,
-         fresh):
+         fresh, shared_fused):
     """Tune the tile configs of one kernel for one shape and dtype over many M: a run folder with a row per
     measurement (failures included, typed) and best.json, the chosen config per M beside the untuned default.
 
@@ -116,6 +122,10 @@ def tune(model, hf_config, experts, hidden, intermediate, topk, tp, ep, dtype, p
     from moebench.tune.traffic import keys_for, read_weights
 
     shape = one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep)
+    if shared_fused:
+        from moebench.models import fuse_shared
+
+        shape = fuse_shared(shape)
     interpreter = interpreting()
     weights = read_weights(m_weights) if m_weights else None
     small_ms = interpreter and ms is None and not weights  # vLLM's 18 M take hours on the interpreter
@@ -244,7 +254,9 @@ def _num(v, fmt: str = "{:.1f}") -> str:
               help="--merge-with: passes over each pair of entries, back to back.")
 @click.option("--runs", "runs_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="--merge-with: where the run folder of its timings is created.")
-def export_configs(run, out_dir, layout, engine_triton, shipped, repeats, runs_dir):
+@click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(TEXT_FORMATS),
+              help="text: each file written, then the line pointing the engine at them; json: the same as an object.")
+def export_configs(run, out_dir, layout, engine_triton, shipped, repeats, runs_dir, fmt):
     """Write a run's best tile config per (shape, dtype, M) where vLLM, SGLang or moebench reads it.
 
     The engines' files come from the engines' kernel form (path triton-classic; a tune's final re-timings
@@ -254,11 +266,15 @@ def export_configs(run, out_dir, layout, engine_triton, shipped, repeats, runs_d
 
     meta, df = load_run_warned(run)
     plan = plan_export(meta, df, out_dir, layout=layout, engine_triton=engine_triton,
-                       source_run=str(Path(run).resolve()))
+                       source_run=str(Path(run).resolve()), merge_with=shipped)
     extra = _merge(plan, shipped, repeats, runs_dir) if shipped is not None else None
     done = write_export(plan, extra)
     for w in done.warnings:
         note(w)
+    if fmt == "json":
+        emit(json.dumps({"files": [str(p) for p in done.files], "env_line": done.env_line,
+                         "warnings": list(done.warnings)}, indent=2))
+        return
     for p in done.files:
         click.echo(str(p))
     if done.env_line:
@@ -298,7 +314,9 @@ def _merge(plan, shipped: Path, repeats: int, runs_dir: Path) -> dict:
 @GPUS_OPTION
 @COMPILE_JOBS_OPTION
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
-def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs, progress):
+@click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS),
+              help="--list: a table, or CSV or JSON of the entries.")
+def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs, progress, fmt):
     """Tune moebench's kernel for each preset at the TP degree and dtypes it is served in, and write the
     tables the triton path looks up (`moebench tune --path triton`, then `export-configs --layout moebench`,
     per entry). A stopped run resumes where it stopped. `--list` shows the entries and why each is served so.
@@ -312,6 +330,10 @@ def tune_tables(models, dtypes, list_only, ms, into, out_dir, gpus, compile_jobs
 
     entries = select(models, dtypes)
     counts = token_counts(ms)
+    if list_only and fmt != "table":
+        emit(records_text([{"model": e.model, "tp": e.tp, "dtype": e.dtype, "served": e.served, "why": e.why}
+                           for e in entries], fmt))
+        return
     if list_only:
         from rich.table import Table
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from moebench.tables import lookup
+from moebench.tables.engine_entry import carried_note
 from moebench.tables.formats import FORMATS
 from moebench.tables.formats import sglang as sglang_format
 from moebench.tables.table import ConfigTable
@@ -32,7 +32,6 @@ from moebench.tables.table import ConfigTable
 VLLM_DIR = ("model_executor", "layers", "fused_moe", "configs")
 SGLANG_DIRS = (("srt", "layers", "moe", "moe_runner", "triton_utils"), ("srt", "layers", "moe", "fused_moe_triton"))
 TUNE_OUT = "results/tunes"  # where the printed command's tune puts its run folder, for the export to find it
-_RELEASE = re.compile(r"\d+\.\d+\.\d+")
 
 
 @dataclass(frozen=True)
@@ -45,6 +44,7 @@ class Place:
     looked: bool = True
     found: bool = False
     note: str = ""
+    fails: bool = False  # the engine raises here (SGLang's fallback scan of a folder it cannot list or read)
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,10 @@ class Ask:
     names: dict = field(default_factory=dict)
     log_dirs: tuple[str, ...] = ()  # folders the log says the engine looked in
     triton_source: str = "--engine-triton"  # where engine_triton came from, for the note
+    engine_experts: dict = field(default_factory=dict)  # per engine, the experts its kernel sees where not E
+    engine_flags: dict = field(default_factory=dict)  # per engine, more `moebench tune` flags for that form
+    engine_notes: dict = field(default_factory=dict)  # per engine, a line on how it serves the shape
+    log_used: str | None = None  # the file the log says the engine read
 
 
 def diagnose(ask: Ask, engines: tuple[str, ...] = tuple(FORMATS)) -> list[Finding]:
@@ -110,29 +114,77 @@ def diagnose(ask: Ask, engines: tuple[str, ...] = tuple(FORMATS)) -> list[Findin
 
 def _finding(ask: Ask, engine: str) -> Finding:
     fmt = FORMATS[engine]
-    notes: list[str] = []
-    name = ask.names.get(engine) or fmt.file_name(ask.experts, ask.n, ask.device_name, ask.dtype)
+    notes: list[str] = [ask.engine_notes[engine]] if ask.engine_notes.get(engine) else []
+    experts = ask.engine_experts.get(engine, ask.experts)
+    name = ask.names.get(engine) or fmt.file_name(experts, ask.n, ask.device_name, ask.dtype)
     triton = None
     if engine == "sglang":
         triton, why = server_triton(ask.engine_triton, ask.triton_source)
         notes.append(f"SGLang's folder is named by the Triton its server runs: {triton} ({why})")
     places = SEARCHES[engine](name, triton, notes)
     places += [_log_place(d, name) for d in ask.log_dirs if not any(p.path == str(Path(d) / name) for p in places)]
-    read = next((p.path for p in places if p.found), None)
-    picks: tuple[Pick, ...] = ()
-    if read is not None:
+    found = next((i for i, p in enumerate(places) if p.found), None)
+    fails = next((p for p in places[:found] if p.fails), None)
+    read = None if found is None or fails is not None else places[found].path
+    picks: tuple[Pick, ...] = () if read is not None else tuple(Pick(m, None) for m in ask.ms)
+    if fails is not None:
+        notes.append(f"{fmt.READER} raises at this lookup ({fails.path}): the server fails, it does not run a "
+                     "default")
+    elif read is not None:
         table, problem = _read(engine, Path(read))
         if problem:
             notes.append(problem)
         if table is not None:
             picks = tuple(Pick(m, table.nearest_key(m)) for m in ask.ms)
+            notes += _staleness(engine, Path(read), ask, triton)
+    elif ask.log_used is not None:
+        notes.append(f"the log says {fmt.READER} read {ask.log_used}, not on this machine: the server runs that "
+                     "table, not its default")
+    elif any(not p.looked and p.note.endswith("not installed here") for p in places):
+        notes.append(_not_looked(engine, name))
     else:
         default = ("the config fitted from its other tables of the device, else its built-in heuristic,"
                    if engine == "moebench" else "its default config")
         notes.append(f"no file found: {fmt.READER} runs {default} at every M")
-        picks = tuple(Pick(m, None) for m in ask.ms)
     command = make_command(ask, engine, triton, notes)
     return Finding(engine, fmt.READER, name, tuple(places), read, picks, command, tuple(notes))
+
+
+def _not_looked(engine: str, name: str) -> str:
+    """What is known of a file in an engine's own folder, the engine not installed here."""
+    from moebench.tables.shipped_names import RELEASES, ships
+
+    reader = FORMATS[engine].READER
+    line = f"not looked: {reader} is not installed here, so its own folder is not known"
+    if ships(engine, name):
+        return f"{line}; {RELEASES[engine]} ships {name}: a server of that release reads its own file"
+    return (f"{line}; moebench's list of {RELEASES.get(engine, reader)}'s shipped files does not name it, which "
+            "does not say it is not shipped")
+
+
+def _staleness(engine: str, path: Path, ask: Ask, triton: str | None) -> list[str]:
+    """The Triton the found table was tuned with (its own entry, or its export's sidecar), and `moebench retime`
+    where that differs from the server's."""
+    if engine == "moebench":
+        return []
+    from moebench.errors import UserError
+    from moebench.tables.files import read_table
+
+    try:
+        tf = read_table(path)
+    except UserError:
+        return []
+    tuned = tf.triton_version or tf.tuned_on.get("triton_version")
+    if not tuned:
+        return ["the file says nothing of the Triton it was tuned with (no triton_version, no export sidecar)"]
+    server = triton or ask.engine_triton
+    if server is None:
+        return [f"tuned with Triton {tuned}; --engine-triton names the server's, to set it against"]
+    if str(tuned).split("+")[0] == server:
+        return [f"tuned with Triton {tuned}, the server's"]
+    flags = f" {ask.shape_flags}" if ask.shape_flags else ""
+    return [f"tuned with Triton {tuned}, the server runs {server}: `moebench retime {shlex.quote(str(path))}"
+            f"{flags}` on the server's GPU times each entry against the default under its Triton"]
 
 
 # ---- each engine's places, in its order ----
@@ -180,6 +232,8 @@ def _sglang_base() -> tuple[Path | None, str, str]:
     """(folder holding configs/, its label, why not) as SGLang chooses it: $SGLANG_MOE_CONFIG_DIR where set and
     not empty, else its package folder."""
     env = os.environ.get(sglang_format.ENV_VAR)
+    if env == "":
+        return Path(), f"${sglang_format.ENV_VAR} (empty: the current folder)", ""  # SGLang joins "" and "configs"
     if env:
         return Path(env), f"${sglang_format.ENV_VAR}", ""
     pkg = package_dir("sglang")
@@ -202,18 +256,21 @@ def _sglang(name: str, triton: str | None, notes: list[str]) -> list[Place]:
         return [*places, Place(f"{label}, configs/{exact}", str(rel), False, note=why_not)]
     places.append(_file(f"{label}, configs/{exact}", base / "configs" / exact, name))
     root = base / "configs"
+    if places[-1].found:
+        return places  # the fallback scan runs only where the exact folder lacks the file
     if not root.is_dir():
-        if not places[-1].found:
-            notes.append(f"{root} does not exist: SGLang lists it for other Triton folders and fails")
-        return places
+        notes.append(f"{root} does not exist: SGLang lists it for other Triton folders and fails")
+        return [*places, Place(f"{label}, the fallback scan of configs/", str(root), True, False,
+                               "does not exist: listing it raises", fails=True)]
     versions = []
     for d in root.iterdir():
         if d.name.startswith("triton_"):
             try:
                 versions.append((tuple(int(x) for x in d.name.removeprefix("triton_").split("_")), d))
             except ValueError:
-                if not places[-1].found:
-                    notes.append(f"{d} does not read as triton_<x_y_z>: SGLang's fallback scan fails on it")
+                notes.append(f"{d} does not read as triton_<x_y_z>: SGLang's fallback scan fails on it")
+                return [*places, Place(f"{label}, the fallback scan of configs/", str(d), True, False,
+                                       "not triton_<x_y_z> as integers: reading it raises", fails=True)]
     for _, d in sorted(versions, reverse=True):
         if d.name != exact:
             places.append(_file(f"{label}, fallback configs/{d.name}", d, name))
@@ -237,20 +294,13 @@ SEARCHES: dict[str, Callable[[str, str | None, list[str]], list[Place]]] = {
 
 
 def server_triton(given: str | None, source: str = "--engine-triton") -> tuple[str, str]:
-    """(release, why) of the Triton the SGLang server runs: ``given``, else the one installed here (read from its
-    package metadata, not imported), else the export's default."""
+    """(release, why) of the Triton the SGLang server runs: ``given``, else the engine's own (``ENGINE_TRITON``,
+    the default of ``export-configs --layout sglang`` too: one default for both)."""
     if given:
         sglang_format.triton_dir(given)  # a release SGLang cannot read back is a UserError
         return given, source
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-
-        here = version("triton")
-    except (ImportError, PackageNotFoundError):
-        here = None
-    if here and _RELEASE.fullmatch(here):
-        return here, "installed here; --engine-triton names the server's"
-    return sglang_format.ENGINE_TRITON, "the export's default; --engine-triton names the server's"
+    return sglang_format.ENGINE_TRITON, ("SGLang 0.5.23's, the export's default too; --engine-triton names the "
+                                         "server's")
 
 
 def _read(engine: str, path: Path) -> tuple[ConfigTable | None, str]:
@@ -268,7 +318,7 @@ def _read(engine: str, path: Path) -> tuple[ConfigTable | None, str]:
     if engine == "sglang" and "triton_version" in json.loads(path.read_text()):
         return table, ("the file has a \"triton_version\" entry, which SGLang reads as a token count and fails on "
                        "(a vLLM file? export it with --layout sglang)")
-    return table, ""
+    return table, carried_note(table.extras, engine, FORMATS[engine].READER) or ""
 
 
 # ---- the command that makes the file ----
@@ -284,7 +334,7 @@ def make_command(ask: Ask, engine: str, triton: str | None, notes: list[str]) ->
         notes.append(f"no preset has E={ask.experts},N={ask.n}: give doctor the model (--model, --hf-config or "
                      "--experts/--hidden/--intermediate) for the command that makes the file")
         return None
-    made = fmt.file_name(ask.experts, ask.n, ask.device_name, ask.dtype)
+    made = fmt.file_name(ask.engine_experts.get(engine, ask.experts), ask.n, ask.device_name, ask.dtype)
     wanted = ask.names.get(engine)
     if wanted and made != wanted:
         notes.append(f"the export writes {made}, not {wanted}: tune on the device the log names")
@@ -300,7 +350,8 @@ def make_command(ask: Ask, engine: str, triton: str | None, notes: list[str]) ->
     elif engine == "moebench":
         notes.append(f"moebench reads the export where ${lookup.ENV_VAR} or --configs names its folder")
     notes.append(f"run the command on the {ask.device_name}: the export names the file by the GPU the tune ran on")
-    tune = f"moebench tune {ask.shape_flags} --dtype {ask.dtype} --path {fmt.PATH} --out {TUNE_OUT}"
+    more = f" {ask.engine_flags[engine]}" if ask.engine_flags.get(engine) else ""
+    tune = f"moebench tune {ask.shape_flags}{more} --dtype {ask.dtype} --path {fmt.PATH} --out {TUNE_OUT}"
     return f"{tune} && {' '.join(export)}"
 
 

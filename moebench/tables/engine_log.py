@@ -4,8 +4,11 @@ log line -> the file name(s) and folders in it -> engine (vLLM or SGLang), E, N,
 -> the presets whose sharded shape has that E and N (the flags ``moebench tune`` needs).
 
 vLLM warns "Using default MoE config. Performance might be sub-optimal! Config file not found at <paths>" (one
-path, several joined by ", ", or a Python list, by version); SGLang "Using default MoE kernel config. ...
-Config file not found at <dir>/configs/triton_<x_y_z>/<name>, you can create them with ...". The names follow
+path, several joined by ", ", or a Python list, by version) and says "Using configuration from <path> for MoE
+layer." where it read one; SGLang "Using default MoE kernel config. ... Config file not found at
+<dir>/configs/triton_<x_y_z>/<name>, you can create them with ...", and where it read another Triton's folder
+"Config file not found at <path>. Fallback to triton version <v> and use MoE kernel config from <path>": the first
+path's folder is the server's Triton, the second the file read (``used``). The names follow
 ``formats/vllm.py`` and ``formats/sglang.py``: SGLang writes a block shape with a space, may add
 ``,per_channel_quant=True`` or ``_down``, and keeps its files under a ``triton_<x_y_z>`` folder.
 """
@@ -47,6 +50,8 @@ class LoggedFile:
     dtype: str | None
     why: str
     engine_triton: str | None = None  # SGLang: the release its folder names
+    used: str | None = None  # the file the line says the engine read (vLLM's "Using configuration from", SGLang's
+    # fallback), None where it says none was
 
 
 def parse_log(text: str) -> LoggedFile:
@@ -62,16 +67,23 @@ def parse_log(text: str) -> LoggedFile:
     block = (int(first.group("bn")), int(first.group("bk"))) if first.group("bn") else None
     channel, down = bool(first.group("channel")), bool(first.group("down"))
     engine_triton = None
-    for d in dirs:
+    for d in dirs[:1]:  # the folder first named is the server's; a fallback line names the folder read second
         if t := _TRITON_DIR.search(d):
             engine_triton = ".".join(t.groups())
-    sglang = ("MoE kernel config" in text or engine_triton is not None or channel or down
+    fallback = "Fallback to triton version" in text or "use MoE kernel config from" in text
+    vllm_used = "for MoE layer" in text and "Using configuration from" in text
+    used = None
+    if fallback and len(matches) > 1:
+        used = matches[-1].group(0)
+    elif vllm_used:
+        used = first.group(0)
+    sglang = ("MoE kernel config" in text or engine_triton is not None or channel or down or fallback
               or bool(first.group("space")))
-    engine = "sglang" if sglang else ("vllm" if "Using default MoE config" in text or block else None)
+    engine = "sglang" if sglang else ("vllm" if "Using default MoE config" in text or block or vllm_used else None)
     dtype, why = _dtype(first.group("dtype"), block, channel, engine)
     return LoggedFile(engine, first.group("name"), dirs, int(first.group("E")), int(first.group("N")),
                       first.group("device").replace("_", " "), first.group("dtype"), block, channel, down, dtype,
-                      why, engine_triton)
+                      why, engine_triton, used)
 
 
 def _dtype(engine_dtype: str | None, block: tuple[int, int] | None, channel: bool,
@@ -107,3 +119,15 @@ def presets_for(experts: int, n: int, degrees: tuple[int, ...] = (1, 2, 4, 8, 16
                         (s.experts // ep, s.intermediate // tp) == (experts, n):
                     found.append((name, tp, ep))
     return found
+
+
+def fused_presets_for(experts: int, n: int, degrees: tuple[int, ...] = (1, 2, 4, 8, 16)) -> list[tuple[str, int]]:
+    """(preset, tp) of every preset whose shard has ``experts`` - 1 routed experts and per-GPU intermediate size
+    ``n`` and whose shared expert SGLang serves in the routed layer (``tables.fusion``): E=257,N=256 is
+    DeepSeek-V3 at TP8 under SGLang."""
+    from moebench.models import PRESETS
+    from moebench.tables.fusion import ROUTED
+
+    return [(name, tp) for tp in degrees for name, s in PRESETS.items()
+            if s.shared_experts == 1 and s.experts in ROUTED and s.intermediate % tp == 0
+            and (s.experts + 1, s.intermediate // tp) == (experts, n)]

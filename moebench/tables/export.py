@@ -31,7 +31,7 @@ from moebench.errors import UserError
 from moebench.store.atomic import write_files_atomic
 from moebench.store.runfolder import run_ref
 from moebench.tables.formats import FORMATS, get_format
-from moebench.tables.pick import TABLE_KEY, best_of, flag, table_key, timed_rows
+from moebench.tables.pick import PICK_PHASES, TABLE_KEY, best_of, flag, table_key, timed_rows
 from moebench.tables.table import ConfigTable, Provenance
 
 SIDECAR = "moebench-export.json"
@@ -103,7 +103,8 @@ def _entry(layout: str, path: str, key: tuple, at: pd.DataFrame, table: ConfigTa
            engine_triton: str | None) -> dict:
     """The sidecar's entry for one written file: what was tuned, on what, from which rows, and the time each
     entry was tuned with."""
-    final = at["phase"].eq("final") if "phase" in at.columns else pd.Series(False, index=at.index)
+    # M picked from a tune's re-timings: its final phase, or the choice re-timed against the default beside it
+    final = at["phase"].isin(PICK_PHASES) if "phase" in at.columns else pd.Series(False, index=at.index)
     return {
         "layout": layout, "kernel": path, "device_name": key[3], "dtype": key[2], "shape": _shape(at, key),
         "models": sorted({str(m) for m in at["model"].dropna()}), **asdict(made), "engine_triton": engine_triton,
@@ -177,12 +178,36 @@ class Planned:
     warnings: tuple[str, ...] = ()
 
 
+def _engine_warnings(layout: str, tables: Mapping[Path, tuple], rows: Mapping[tuple, pd.DataFrame],
+                     run_triton: str | None, engine_triton: str | None, merge_with: Path | None) -> list[str]:
+    """Warnings of what the engine will make of the files: a file of the name the engine's release ships, which
+    the export shadows at every M (``--merge-with`` keeps its faster entries); a table tuned under another Triton
+    than the engine folder it is filed under; a table of SGLang's fused form written for another reader."""
+    from moebench.tables.shipped_names import RELEASES, ships
+
+    out = []
+    for file, (key, _) in tables.items():
+        if ships(layout, file.name) and (merge_with is None or Path(merge_with).name != file.name):
+            out.append(f"warning: {RELEASES[layout]} ships {file.name}: read first, this export shadows the shipped "
+                       f"table at every M; --merge-with the shipped file keeps its entries where they are faster")
+        models = {str(m) for m in rows[key]["model"].dropna()} if "model" in rows[key].columns else set()
+        if layout != "sglang" and any(m.endswith("+shared") for m in models):
+            out.append(f"warning: {file.name} is of a tune with the shared expert in the routed layer "
+                       f"(--shared-fused), as SGLang serves it; {FORMATS[layout].READER} runs E={key[0] - 1}")
+    if engine_triton is not None and run_triton and str(run_triton).split("+")[0] != engine_triton:
+        out.append(f"warning: the run was timed under Triton {run_triton} and the files go in the folder of Triton "
+                   f"{engine_triton}: tune under the server's Triton, or `moebench retime` the files there")
+    return out
+
+
 def plan_export(meta: Mapping, df: pd.DataFrame, out_dir: Path, layout: str = "vllm",
-                engine_triton: str | None = None, source_run: str | None = None) -> Planned:
+                engine_triton: str | None = None, source_run: str | None = None,
+                merge_with: Path | None = None) -> Planned:
     """The best config per (E, N, dtype, device) and M of a run (``meta``, ``df`` as ``load_run`` returns them),
     placed in ``layout`` (a name in ``FORMATS``) under ``out_dir``; nothing written. ``engine_triton`` (sglang
     only): the Triton the SGLang server runs, which names its folder (default the format's ``ENGINE_TRITON``).
-    ``source_run``: the run folder, recorded as ``out_dir`` reaches it (``run_ref``). Bad input is a UserError."""
+    ``source_run``: the run folder, recorded as ``out_dir`` reaches it (``run_ref``). ``merge_with``: the engine's
+    file the table is merged with (no warning that the export shadows it). Bad input is a UserError."""
     fmt = get_format(layout)
     engine_triton = _engine_triton(fmt, engine_triton)
     out_dir = Path(out_dir)
@@ -201,8 +226,10 @@ def plan_export(meta: Mapping, df: pd.DataFrame, out_dir: Path, layout: str = "v
     made = Provenance(triton_version=meta.get("triton"), torch_version=meta.get("torch"),
                       created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), commit=meta.get("git_commit"),
                       source_run=None if source_run is None else run_ref(source_run, out_dir))
-    return Planned(fmt, layout, out_dir, made, engine_triton, _place(fmt, best, folder), per_table,
-                   tuple(_untimed(df, fmt.PATH, best)))
+    placed = _place(fmt, best, folder)
+    warnings = _untimed(df, fmt.PATH, best) + _engine_warnings(layout, placed, per_table, meta.get("triton"),
+                                                               engine_triton, merge_with)
+    return Planned(fmt, layout, out_dir, made, engine_triton, placed, per_table, tuple(warnings))
 
 
 def write_export(plan: Planned, extra: Mapping[Path, dict] | None = None) -> Export:

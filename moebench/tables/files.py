@@ -143,7 +143,8 @@ def _with_sidecar(tf: TableFile) -> TableFile:
         return replace(tf, hidden=tf.hidden or _one(shape.get("hidden")), topk=tf.topk or _one(shape.get("topk")),
                        model=models[0] if len(models) == 1 else None, sidecar=file, sidecar_key=key, tuned=times,
                        tuned_on={"device_name": entry.get("device_name"), "dtype": entry.get("dtype"),
-                                 "hidden": _one(shape.get("hidden")), "topk": _one(shape.get("topk"))})
+                                 "hidden": _one(shape.get("hidden")), "topk": _one(shape.get("topk")),
+                                 "triton_version": entry.get("triton_version")})
     return tf
 
 

@@ -32,9 +32,12 @@ def flag(v: object) -> bool | None:
 
 
 def _tile(config: Mapping, path: str) -> TileConfig:
-    """A row's config as the path ran it: the engines' form reads the six engine fields only."""
+    """A row's config as the path ran it: the engines' form reads the six engine fields only, in the ranges the
+    engines' launch takes (``engine_entry``: an engine's BLOCK_SIZE_M 8 entry re-timed reads back)."""
     if path == ENGINE_PATH:
-        return TileConfig.from_dict({k: v for k, v in config.items() if k in ENGINE_KEYS})
+        from moebench.tables.engine_entry import engine_tile
+
+        return engine_tile({k: int(v) for k, v in config.items() if k in ENGINE_KEYS})
     return TileConfig.from_dict(dict(config))
 
 

@@ -2,10 +2,12 @@
 
 vLLM and SGLang hold one such table per file: ``{"<M>": {six tile keys}}``, written as
 ``json.dump(configs, f, indent=4)`` plus a newline, keys in ascending M, each value with vLLM's six keys in its
-order; both read a file by turning its keys into ints and picking ``configs[min(configs, key=lambda x: abs(x - M))]``.
-``ConfigTable`` follows that rule (``nearest``) for every reader, moebench's lookup included, and writes and reads
-that text (``to_json``, ``from_json``). ``ENGINE_PATH`` names the path whose timings pick the engines' configs;
-``Provenance`` is what an export records of where a table came from.
+order; both read a file by turning its keys into ints and picking ``configs[min(configs, key=lambda x: abs(x - M))]``,
+so a tie goes to the key first in the file. ``ConfigTable`` follows that rule (``nearest``, over the keys in the
+file's order) for every reader, moebench's lookup included, and writes and reads that text (``to_json``,
+``from_json``; an entry is read as the engines read it, ``engine_entry``, its other keys kept). ``ENGINE_PATH``
+names the path whose timings pick the engines' configs; ``Provenance`` is what an export records of where a table
+came from.
 """
 
 from __future__ import annotations
@@ -22,9 +24,14 @@ ENGINE_PATH = "triton-classic"  # the path that runs the engines' kernel form, w
 
 
 class ConfigTable(Mapping[int, TileConfig]):
-    """Tile configs keyed by token count M, as in a vLLM/SGLang config file; keys kept in ascending order."""
+    """Tile configs keyed by token count M, as in a vLLM/SGLang config file; iterated in ascending M.
 
-    def __init__(self, entries: Mapping[int, TileConfig] | None = None) -> None:
+    ``order``: the keys as the file lists them (default ascending), which the nearest-M rule breaks ties by and
+    ``to_json`` writes in; ``extras``: per M, keys an engine's entry carries beside the six (SGLang's
+    ``USE_TMA``), written back as they were."""
+
+    def __init__(self, entries: Mapping[int, TileConfig] | None = None, *, order: Iterable[int] | None = None,
+                 extras: Mapping[int, Mapping] | None = None) -> None:
         entries = dict(entries or {})
         for m, cfg in entries.items():
             if isinstance(m, bool) or not isinstance(m, int) or m < 1:
@@ -32,6 +39,11 @@ class ConfigTable(Mapping[int, TileConfig]):
             if not isinstance(cfg, TileConfig):
                 raise TypeError(f"config table value for M={m} is a {type(cfg).__name__}, not a TileConfig")
         self._entries = {m: entries[m] for m in sorted(entries)}
+        order = list(dict.fromkeys(order)) if order is not None else list(self._entries)
+        if sorted(order) != list(self._entries):
+            raise ValueError("config table order must list each key once")
+        self.order: tuple[int, ...] = tuple(order)
+        self.extras: dict[int, dict] = {m: dict(v) for m, v in (extras or {}).items() if m in entries and v}
 
     def __getitem__(self, m: int) -> TileConfig:
         return self._entries[m]
@@ -48,8 +60,8 @@ class ConfigTable(Mapping[int, TileConfig]):
     def nearest(self, m: int) -> TileConfig:
         """The config the engines use for M tokens: the key minimizing |key - M|.
 
-        Ties go to the first such key in file order (Python's ``min``); files
-        written by ``to_json`` (and vLLM's own) list M ascending, so the smaller key wins.
+        Ties go to the first such key in the file's order (Python's ``min`` over the keys vLLM and SGLang read
+        from the file); files written by ``to_json`` from a tune list M ascending, so the smaller key wins there.
         """
         return self._entries[self.nearest_key(m)]
 
@@ -57,13 +69,14 @@ class ConfigTable(Mapping[int, TileConfig]):
         """The key ``nearest`` reads for M tokens."""
         if not self._entries:
             raise UserError("config table is empty: no tile config for any M")
-        return nearest_key(self._entries, m)
+        return nearest_key(self.order, m)
 
     def to_json(self, triton_version: str | None = None) -> str:
-        """The file's text: keys as strings in ascending M, vLLM's six keys in its order, indent 4; with
-        ``triton_version``, a last top-level entry naming the Triton the table was tuned with (as vLLM's tuner
-        writes it; vLLM drops it when reading, SGLang does not)."""
-        payload: dict = {str(m): cfg.to_vllm_dict() for m, cfg in self._entries.items()}
+        """The file's text: keys as strings in ``order`` (ascending M unless read from a file listing them
+        otherwise), vLLM's six keys in its order and then any carried keys, indent 4; with ``triton_version``, a
+        last top-level entry naming the Triton the table was tuned with (as vLLM's tuner writes it; vLLM drops it
+        when reading, SGLang does not)."""
+        payload: dict = {str(m): {**self._entries[m].to_vllm_dict(), **self.extras.get(m, {})} for m in self.order}
         if triton_version is not None:
             payload["triton_version"] = triton_version
         return json.dumps(payload, indent=4) + "\n"
@@ -72,9 +85,9 @@ class ConfigTable(Mapping[int, TileConfig]):
     def from_json(cls, source: str | Path) -> ConfigTable:
         """Read a vLLM/SGLang config file (a Path, or a str holding a path or the JSON text itself).
 
-        A ``"triton_version"`` entry is ignored, as vLLM does. Bad JSON, keys that
-        are not token counts, or configs with unknown or missing keys are a
-        UserError naming the file.
+        A ``"triton_version"`` entry is ignored, as vLLM does. Each entry is read as the engines read it
+        (``engine_entry.read_entry``: BLOCK_SIZE_M 8 taken, other keys kept). Bad JSON, keys that are not token
+        counts, or entries the engines' launch would not take are a UserError naming the file.
         """
         if isinstance(source, Path) or not source.lstrip().startswith("{"):
             name = str(source)
@@ -91,20 +104,45 @@ class ConfigTable(Mapping[int, TileConfig]):
         if not isinstance(raw, dict):
             raise UserError(f"{name}: expected a JSON object keyed by token count M")
         raw.pop("triton_version", None)
-        return cls(entries_from_json(raw, name))
+        return engine_table(raw, name)
+
+
+def engine_table(raw: Mapping, name: str, engine: str | None = None) -> ConfigTable:
+    """An engine's ``{"<M>": {entry}}`` as a ConfigTable in the file's key order, each entry read as ``engine``
+    reads it and its other keys kept; a bad key or entry, or none, is a UserError naming ``name``."""
+    from moebench.tables.engine_entry import read_entry
+
+    entries: dict[int, TileConfig] = {}
+    extras: dict[int, dict] = {}
+    order: list[int] = []
+    for key, value in raw.items():
+        m = _token_count(key, name)
+        try:
+            entries[m], extras[m] = read_entry(value, engine)
+        except UserError as e:
+            raise UserError(f"{name}: M={str(key)[:20]}: {e}") from None
+        order.append(m)
+    if not entries:
+        raise UserError(f"{name}: no tile configs in the file")
+    return ConfigTable(entries, order=order, extras=extras)
+
+
+def _token_count(key, name: str) -> int:
+    try:
+        m = int(key)
+    except ValueError:
+        raise UserError(f"{name}: key {str(key)[:40]!r} is not a token count M") from None
+    if m < 1:
+        raise UserError(f"{name}: key {str(key)[:40]!r} must be a token count >= 1")
+    return m
 
 
 def entries_from_json(raw: Mapping, name: str) -> dict[int, TileConfig]:
-    """``{"<M>": {tile fields}}`` as {M: TileConfig}; a key that is no token count or a bad config is a UserError
-    naming ``name``, as is an empty mapping."""
+    """moebench's own ``{"<M>": {tile fields}}`` as {M: TileConfig}, every field in moebench's ranges; a key that is
+    no token count or a bad config is a UserError naming ``name``, as is an empty mapping."""
     entries: dict[int, TileConfig] = {}
     for key, value in raw.items():
-        try:
-            m = int(key)
-        except ValueError:
-            raise UserError(f"{name}: key {key!r} is not a token count M") from None
-        if m < 1:
-            raise UserError(f"{name}: key {key!r} must be a token count >= 1")
+        m = _token_count(key, name)
         if not isinstance(value, dict):
             raise UserError(f"{name}: M={key}: expected an object of tile parameters")
         try:
