@@ -90,7 +90,7 @@ def test_missing_spec_file(tmp_path):
 def test_a_spec_that_is_not_text_is_one_line(tmp_path):
     p = tmp_path / "spec.yaml"
     p.write_bytes(b"\xff\xfe\x00m")
-    with pytest.raises(UserError, match="not a text file"):
+    with pytest.raises(UserError, match="not UTF-8 text"):
         load_spec(p)
 
 

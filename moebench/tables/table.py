@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from moebench.bounded import parse_json, read_text
 from moebench.errors import UserError
 from moebench.tile import TileConfig
 
@@ -78,16 +79,10 @@ class ConfigTable(Mapping[int, TileConfig]):
         """
         if isinstance(source, Path) or not source.lstrip().startswith("{"):
             name = str(source)
-            try:
-                text = Path(source).read_text()
-            except OSError as e:
-                raise UserError(f"{name}: cannot read config file ({e.strerror or e})") from None
+            text = read_text(source, gz=False)
         else:
             name, text = "<config JSON>", source
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{name}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raw = parse_json(text, name)
         if not isinstance(raw, dict):
             raise UserError(f"{name}: expected a JSON object keyed by token count M")
         raw.pop("triton_version", None)
