@@ -24,7 +24,7 @@ from moebench.dtypes import get_dtype
 from moebench.errors import UserError, short
 from moebench.models import MoEShape, explicit_shape, from_hf_config, get_model, shard
 from moebench.paths.registry import get_path
-from moebench.problem import Problem, check_seed
+from moebench.problem import M_MAX, Problem, check_seed
 from moebench.routing import check_routing
 
 SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"  # the shipped specs (package data)
@@ -74,8 +74,8 @@ class Block:
             if not value:
                 raise UserError(f"sweep '{name}': {field} is empty")
         for m in self.ms:
-            if m <= 0:
-                raise UserError(f"sweep '{name}': M must be positive, got {m}")
+            if not 0 < m <= M_MAX:
+                raise UserError(f"sweep '{name}': M must be a token count from 1 to {M_MAX}, got {short(m)}")
         for d in self.dtypes:
             get_dtype(d)
         for p in self.paths:
@@ -227,7 +227,7 @@ def default_spec_file(interpreter: bool) -> Path:
 def find_spec(spec: str | Path) -> Path:
     """A SPEC argument as a file: the path itself, else a shipped spec of that name ("quick", "quick.yaml")."""
     path = Path(spec)
-    if path.is_file():
+    if path.exists() and not path.is_dir():  # a FIFO or a device too: the reader refuses it by name
         return path
     shipped = SWEEPS_DIR / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
     if path.parent == Path(".") and shipped.is_file():

@@ -354,7 +354,7 @@ def read_rows(rows_path: Path, check=None) -> tuple[list[dict], list[str]]:
                 continue
             raise BadRowsLine(rows_path, n, f"is {e.why.split(' at line ')[0]})") from None
         except Refused as e:
-            raise BadRowsLine(rows_path, n, f"holds {e.why}") from None
+            raise BadRowsLine(rows_path, n, f"is past a bound: {e.why}") from None
         if not isinstance(row, dict):
             raise BadRowsLine(rows_path, n, "is not a JSON object")
         if check is not None and (why := check(row)):

@@ -84,7 +84,7 @@ def read_table(path: Path) -> TableFile:
     """The table file at ``path``, its layout found from its header or name; a file that is missing, of no
     layout moebench knows, or malformed is a one-line UserError naming it."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"{path}: no such table file")
     try:
         raw = read_json(path, gz=False)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moebench.bounded import parse_json, read_text
-from moebench.errors import UserError
+from moebench.errors import UserError, short
 from moebench.tile import TileConfig
 
 ENGINE_PATH = "triton-classic"  # the path that runs the engines' kernel form, whose timings pick their configs
@@ -97,9 +97,9 @@ def entries_from_json(raw: Mapping, name: str) -> dict[int, TileConfig]:
         try:
             m = int(key)
         except ValueError:
-            raise UserError(f"{name}: key {key!r} is not a token count M") from None
+            raise UserError(f"{name}: key {short(key)} is not a token count M") from None
         if m < 1:
-            raise UserError(f"{name}: key {key!r} must be a token count >= 1")
+            raise UserError(f"{name}: key {short(key)} must be a token count >= 1")
         if not isinstance(value, dict):
             raise UserError(f"{name}: M={key}: expected an object of tile parameters")
         try:
