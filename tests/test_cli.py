@@ -150,7 +150,7 @@ def test_export_configs_refuses_interpreter_runs(cpu_run, tmp_path):
 
 @pytest.mark.parametrize("args, fragment", [
     (["sweep", "--model", "nosuch", "--m", "1"], "unknown model"),  # unknown preset
-    (["sweep", "--model", "tiny", "--m", "0"], "M must be positive"),  # impossible M
+    (["sweep", "--model", "tiny", "--m", "0"], "M must be a token count"),  # impossible M
     (["sweep", "--model", "tiny", "--m", "1", "--topk", "9"], "impossible"),  # top-k > experts
     (["sweep", "--model", "tiny", "--m", "1", "--path", "cutlass"], "sm90"),  # GPU-only path on a CPU
     (["sweep", "--experts", "8", "--hidden", "64", "--m", "1"], "needs --experts"),  # incomplete shape
