@@ -1,5 +1,14 @@
 """Errors a user can cause: the CLI prints them as one line and exits 2."""
 
+import reprlib
+
+SHORT = 60  # the characters of a value an error line quotes: enough to recognize it, never a whole file
+
+# repr within bounds: a value of a million items (or a string of a million characters) is never formatted whole
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, SHORT + 2, SHORT, SHORT
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+
 
 class UserError(Exception):
     """Bad input from the user (unknown model, malformed spec, impossible shape...).
@@ -7,6 +16,14 @@ class UserError(Exception):
     The message is a single line that says what is wrong and, where it helps,
     what would be accepted instead.
     """
+
+
+def short(value: object, n: int = SHORT, quote: bool = True) -> str:
+    """``value`` as an error line quotes it: its repr (``quote``; else its str), at most ``n`` characters, cut
+    with "..."; formatting never walks more than a few items of a container."""
+    text = _REPR.repr(value) if quote else str(value)[:n + 1]
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n] + "..."
 
 
 def one_line(e: BaseException) -> str:

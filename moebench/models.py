@@ -18,12 +18,18 @@ every rank sees the whole batch, and a slot routed to another rank's expert adds
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from moebench.errors import UserError
+from moebench.bounded import read_json
+from moebench.errors import UserError, short
+from moebench.filenames import why_not_part
+
+# The largest size of each field a shape takes: past every served model by far (DeepSeek-V3: hidden 7168, 256
+# experts; Mixtral: intermediate 14336; 61 layers), so a typo or a hostile file is refused before any allocation.
+MAX_SIZES = {"experts": 4096, "hidden": 65536, "intermediate": 131072, "topk": 64, "moe_layers": 4096,
+             "shared_experts": 64, "global_experts": 4096}
 
 
 @dataclass(frozen=True)
@@ -37,16 +43,20 @@ class MoEShape:
     shared_experts: int = 0  # published always-on shared experts (informational; not benchmarked)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise UserError(f"model shape name must be a non-empty string, got {self.name!r}")
+        why = why_not_part(self.name)  # a shape's name ends run folders' names
+        if why:
+            raise UserError(f"model shape name {short(self.name)} {why}")
         for f in fields(self):
             if f.name == "name":
                 continue
             value = getattr(self, f.name)
-            least = 0 if f.name == "shared_experts" else 1
+            least = 0 if f.name in ("shared_experts", "global_experts") else 1
             if not _is_int(value) or value < least:
                 need = "a non-negative integer" if least == 0 else "a positive integer"
-                raise UserError(f"model {self.name}: {f.name} must be {need}, got {value!r}")
+                raise UserError(f"model {self.name}: {f.name} must be {need}, got {short(value)}")
+            if value > MAX_SIZES[f.name]:
+                raise UserError(f"model {self.name}: {f.name} {short(value)} is past the largest taken "
+                                f"({MAX_SIZES[f.name]})")
         if self.topk > self.routed_experts:
             raise UserError(
                 f"model {self.name}: topk ({self.topk}) must be <= experts ({self.routed_experts})"
@@ -193,7 +203,7 @@ def get_model(name: str) -> MoEShape:
     key = name.strip().lower().rsplit("/", 1)[-1].replace("_", "-")
     key = ALIASES.get(key, key)
     if key not in PRESETS:
-        raise UserError(f"unknown model {name!r}; known models: {', '.join(model_names())}")
+        raise UserError(f"unknown model {short(name)}; known models: {', '.join(model_names())}")
     return PRESETS[key]
 
 
@@ -201,6 +211,7 @@ def get_model(name: str) -> MoEShape:
 # Mixtral/gpt-oss/Llama-4, DeepSeek/Kimi, Qwen
 _EXPERT_FIELDS = ("num_local_experts", "n_routed_experts", "num_experts")
 _TOPK_FIELDS = ("num_experts_per_tok", "experts_per_token")  # everyone, gpt-oss's own spelling
+MAX_LAYERS = 4096  # a config's decoder layers, counted one by one: past any served model's (at most 128)
 _INTERMEDIATE_FIELDS = ("moe_intermediate_size", "intermediate_size")  # routed expert size first
 
 
@@ -217,6 +228,8 @@ def from_hf_config(path: str | Path) -> MoEShape:
     intermediate = _first(cfg, _INTERMEDIATE_FIELDS, file)
     hidden = _require(cfg, "hidden_size", file)
     layers = _require(cfg, "num_hidden_layers", file)
+    if layers > MAX_LAYERS:
+        raise UserError(f"{file}: num_hidden_layers {layers} is past the largest taken ({MAX_LAYERS})")
     if intermediate is None:
         raise UserError(f"{file}: MoE config without {' or '.join(_INTERMEDIATE_FIELDS)}")
 
@@ -286,16 +299,9 @@ def _read_config(path: str | Path) -> tuple[Path, dict[str, Any], dict[str, Any]
     file = Path(path)
     if file.is_dir():
         file = file / "config.json"
-    if not file.is_file():
+    if not file.exists():
         raise UserError(f"{file}: no such file; pass a Hugging Face config.json or a directory holding one")
-    try:
-        raw = file.read_bytes()
-    except OSError as e:
-        raise UserError(f"{file}: cannot read it ({e.strerror or e})") from None
-    try:
-        outer = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{file}: not valid JSON ({e})") from None
+    outer = read_json(file, gz=False)
     if not isinstance(outer, dict):
         raise UserError(f"{file}: expected a JSON object, got {type(outer).__name__}")
     # Llama-4 (and other multimodal configs) nest the language model under text_config.
@@ -320,7 +326,7 @@ def _require(cfg: dict[str, Any], name: str, file: Path) -> int:
 def _int_field(cfg: dict[str, Any], name: str, file: Path) -> int:
     value = cfg[name]
     if not _is_int(value) or value < 0:
-        raise UserError(f"{file}: {name} must be a non-negative integer, got {value!r}")
+        raise UserError(f"{file}: {name} must be a non-negative integer, got {short(value)}")
     return value
 
 
@@ -340,7 +346,8 @@ def _count_moe_layers(cfg: dict[str, Any], layers: int, file: Path) -> int:
     step = _int_or(cfg, "decoder_sparse_step", 1, file) * _int_or(cfg, "interleave_moe_layer_step", 1, file)
     mlp_only = cfg.get("mlp_only_layers") or []
     if not isinstance(mlp_only, list):
-        raise UserError(f"{file}: mlp_only_layers must be a list of layer indices, got {mlp_only!r}")
+        raise UserError(f"{file}: mlp_only_layers must be a list of layer indices, got {short(mlp_only)}")
+    mlp_only = {i for i in mlp_only if _is_int(i)}
     if freq < 1 or step < 1:
         raise UserError(
             f"{file}: moe_layer_freq, decoder_sparse_step and interleave_moe_layer_step must be >= 1"

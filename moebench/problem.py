@@ -11,6 +11,7 @@ the global experts and gets the map of rank 0 (global ids 0..E_local-1 local, th
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from functools import cached_property
 import torch
 
 from moebench.dtypes import DtypeSpec, get_dtype
-from moebench.errors import UserError
+from moebench.errors import UserError, short
 from moebench.models import MoEShape
 from moebench.quant import empty_quantized, quantize_into, scale_shape, static_act_scales
 from moebench.routing import check_routing, route, with_shared
@@ -27,12 +28,13 @@ from moebench.routing import check_routing, route, with_shared
 # Seeds are 0 to 2^32 - 1: numpy's generators take no negative seed, and make_inputs' derived seed
 # (seed * 1_000_003 + ...) must stay within torch's 64-bit one.
 SEED_MAX = 2**32 - 1
+M_MAX = 1 << 20  # tokens in one batch: 256x a served prefill chunk (4096); past it the inputs outgrow any GPU
 
 
 def check_seed(seed) -> int:
     """``seed`` where it is an integer from 0 to ``SEED_MAX``; a UserError (one line) where not."""
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= SEED_MAX:
-        raise UserError(f"seed must be an integer from 0 to {SEED_MAX}, got {seed!r}")
+        raise UserError(f"seed must be an integer from 0 to {SEED_MAX}, got {short(seed)}")
     return seed
 
 
@@ -45,8 +47,8 @@ class Problem:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.M <= 0:
-            raise UserError(f"M must be a positive token count, got {self.M}")
+        if isinstance(self.M, bool) or not isinstance(self.M, numbers.Integral) or not 0 < self.M <= M_MAX:
+            raise UserError(f"M must be a token count from 1 to {M_MAX}, got {short(self.M)}")
         get_dtype(self.dtype)
         check_routing(self.routing)
         check_seed(self.seed)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from moebench.bounded import Refused, check_regular, read_bytes
 from moebench.errors import UserError
 
 ROUTINGS = ("uniform", "skewed")
@@ -100,21 +101,26 @@ def check_routing(routing: str) -> None:
         raise UserError(f"unknown routing {routing!r}; known: {', '.join(ROUTINGS)}, or a file of top-k ids")
 
 
+ROUTING_BYTES = 1 << 30  # a captured routing file: a million tokens' top-8 ids as int32 take 32 MB
+
+
 def load_ids(path: Path | str) -> torch.Tensor:
     """The top-k expert ids of a captured routing file, [N, topk] int32: a ``.pt`` tensor or a ``.npy`` array of
     integers, one row per token. UserError (one line) for anything else."""
     path = Path(path)
+    if path.suffix not in (".npy", ".pt"):
+        raise UserError(f"routing file {path}: expected a .pt or .npy file of top-k expert ids")
+    try:
+        check_regular(path)  # a FIFO would block the loader
+    except Refused as e:
+        raise UserError(f"routing file {path}: cannot be read ({e.why})") from None
     try:
         if path.suffix == ".npy":
             import numpy as np
 
             ids = torch.from_numpy(np.load(path, allow_pickle=False))
-        elif path.suffix == ".pt":
-            ids = torch.load(path, map_location="cpu", weights_only=True)
         else:
-            raise UserError(f"routing file {path}: expected a .pt or .npy file of top-k expert ids")
-    except UserError:
-        raise
+            ids = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a missing, unreadable or foreign file, whatever the loader raises
         raise UserError(f"routing file {path}: cannot be read ({type(e).__name__}: {e})") from None
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.numel() == 0:
@@ -135,7 +141,7 @@ def captured(path: Path | str, experts: int, topk: int) -> str:
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= experts:
         raise UserError(f"routing file {path}: expert ids {low}..{high}; the layer has experts 0..{experts - 1}")
-    digest = hashlib.sha1(path.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha1(read_bytes(path, gz=False, limit=ROUTING_BYTES)).hexdigest()[:12]
     return f"{CAPTURED}{path}#{digest}"
 
 
@@ -143,9 +149,9 @@ def captured(path: Path | str, experts: int, topk: int) -> str:
 def _captured_rows(routing: str) -> torch.Tensor:
     path, digest = routing[len(CAPTURED):].rsplit("#", 1)
     try:
-        now = hashlib.sha1(Path(path).read_bytes()).hexdigest()[:12]
-    except OSError as e:
-        raise UserError(f"routing file {path}: cannot be read ({e.strerror or e})") from None
+        now = hashlib.sha1(read_bytes(path, gz=False, limit=ROUTING_BYTES)).hexdigest()[:12]
+    except UserError as e:
+        raise UserError(f"routing file {e}") from None
     if now != digest:
         raise UserError(f"routing file {path} changed since it was named ({digest}): name it again")
     return load_ids(path)

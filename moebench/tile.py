@@ -12,12 +12,34 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 
-from moebench.errors import UserError
+from moebench.errors import UserError, short
 from moebench.hardware import DeviceLimits
 
 
 def _pow2(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
+
+
+MAX_FIELD = 1024  # no integer field of a config that runs is larger (the engines' tiles are at most 256 wide)
+
+
+def _size(name: str, v) -> int:
+    """An integer field's value: an int (or an integral float, as some writers store them) of at most MAX_FIELD;
+    16.5, "16", true or 2**40 is a UserError, never truncated or compiled."""
+    if isinstance(v, float) and v.is_integer() and abs(v) <= MAX_FIELD:
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise UserError(f"tile config: {name}={short(v)} must be an integer")
+    if not -MAX_FIELD <= v <= MAX_FIELD:
+        raise UserError(f"tile config: {name}={short(v)} is past the largest taken ({MAX_FIELD})")
+    return v
+
+
+def _flag(name: str, v) -> bool:
+    """A flag's value: a bool, or 0 or 1 (older rows); "no" is a UserError, not True."""
+    if isinstance(v, bool) or (isinstance(v, int) and v in (0, 1)):
+        return bool(v)
+    raise UserError(f"tile config: {name}={short(v)} must be true or false")
 
 
 @dataclass(frozen=True)
@@ -130,15 +152,12 @@ class TileConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise UserError(f"tile config: unknown key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+            raise UserError(f"tile config: unknown key {short(unknown[0])}; known: {', '.join(sorted(known))}")
         missing = [f.name for f in fields(cls)[:3] if f.name not in d]  # the tile's shape has no default
         if missing:
             raise UserError(f"tile config: missing key {missing[0]!r}")
         flags = {f.name for f in fields(cls) if f.type in ("bool", bool)}
-        try:
-            return cls(**{k: bool(v) if k in flags else int(v) for k, v in d.items()})
-        except (TypeError, ValueError) as e:
-            raise UserError(f"tile config: {e}") from None
+        return cls(**{k: _flag(k, v) if k in flags else _size(k, v) for k, v in d.items()})
 
     @property
     def portable(self) -> bool:

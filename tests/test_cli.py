@@ -156,7 +156,7 @@ def test_export_configs_refuses_interpreter_runs(cpu_run, tmp_path):
 
 @pytest.mark.parametrize("args, fragment", [
     (["sweep", "--model", "nosuch", "--m", "1"], "unknown model"),  # unknown preset
-    (["sweep", "--model", "tiny", "--m", "0"], "M must be positive"),  # impossible M
+    (["sweep", "--model", "tiny", "--m", "0"], "M must be a token count"),  # impossible M
     (["sweep", "--model", "tiny", "--m", "1", "--topk", "9"], "impossible"),  # top-k > experts
     pytest.param(["sweep", "--model", "tiny", "--m", "1", "--path", "cutlass"], "sm90",
                  marks=interpreter_only),  # GPU-only path on a CPU

@@ -172,7 +172,7 @@ def test_from_json_ignores_triton_version_like_vllm():
 @pytest.mark.parametrize(
     "content, message",
     [
-        ('{"1": {"BLOCK_SIZE_M": 16,', "not valid JSON"),
+        ('{"1": {"BLOCK_SIZE_M": 16,', "not JSON"),
         ('[1, 2]', "JSON object"),
         ('{"one": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64}}', "'one'"),
         ('{"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "GROUP_SIZE_M": 1}}', "BLOCK_SIZE_K"),

@@ -233,8 +233,8 @@ def test_missing_file(tmp_path):
 @pytest.mark.parametrize(
     "content, why",
     [
-        ("{ not json", "not valid JSON"),  # syntax error
-        ("\xff\xfe\x00garbage".encode("latin-1"), "not valid JSON"),  # not text at all
+        ("{ not json", "not JSON"),  # syntax error
+        ("\xff\xfe\x00garbage".encode("latin-1"), "not UTF-8 text"),  # not text at all
         ("[1, 2]", "expected a JSON object"),  # valid JSON, wrong shape
     ],
 )

@@ -71,7 +71,7 @@ def test_a_committed_run_with_gzipped_rows_loads_as_it_is(tmp_path):
     _, df = load_run(run)
     assert df["M"].tolist() == [1, 2]
     (run / (ROWS_FILE + ".gz")).write_bytes(b"plain text, not gzip")
-    with pytest.raises(UserError, match="rows.jsonl.gz: not UTF-8 text"):
+    with pytest.raises(UserError, match="rows.jsonl.gz: not gzip"):
         load_run(run)
 
 

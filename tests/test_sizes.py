@@ -58,25 +58,26 @@ def _refused(result, tmp_path: Path, point: str) -> None:
 
 
 def test_sweep_refuses_a_token_count_that_cannot_fit(tmp_path):
-    """M=10**9 of tiny: weights of kilobytes, but 10**9 rows of activations; refused before the run folder."""
+    """M=10**9 of tiny: weights of kilobytes, but 10**9 rows of activations; refused by the bound on M
+    (``problem.M_MAX``) before the run folder."""
     r = moebench_in_process("sweep", "--model", "tiny", "--m", "1000000000", "--no-progress", "--out",
                             str(tmp_path / "results"), cwd=tmp_path)
-    _refused(r, tmp_path, "tiny fp16 M=1000000000")
+    _refused(r, tmp_path, "M must be a token count from 1 to 1048576, got 1000000000")
     assert not (tmp_path / "results").exists()
 
 
 def test_tune_refuses_an_expert_count_that_cannot_fit(tmp_path):
-    """10**5 experts of 10**5 x 10**5: petabytes of weights; refused before the tune's run folder (it used to spin
-    at full CPU for minutes)."""
-    r = moebench_in_process("tune", "--experts", "100000", "--hidden", "100000", "--intermediate", "100000",
+    """4096 experts of 65536 x 65536, each size within its bound (``models.MAX_SIZES``): hundreds of terabytes of
+    weights; refused before the tune's run folder (it used to spin at full CPU for minutes)."""
+    r = moebench_in_process("tune", "--experts", "4096", "--hidden", "65536", "--intermediate", "65536",
                             "--topk", "2", "--dtype", "fp16", "--m", "1", "--no-progress", "--out",
                             str(tmp_path / "results"), cwd=tmp_path)
-    _refused(r, tmp_path, "custom-e100000-h100000-i100000 fp16 M=1")
+    _refused(r, tmp_path, "custom-e4096-h65536-i65536 fp16 M=1")
 
 
 def test_tune_refuses_a_huge_hf_config(tmp_path):
     """A config.json whose shape cannot fit is refused, not tuned into "every config failed" and exit 0."""
-    cfg = {"hidden_size": 65536, "intermediate_size": 65536, "num_local_experts": 65536, "num_experts_per_tok": 2,
+    cfg = {"hidden_size": 65536, "intermediate_size": 65536, "num_local_experts": 4096, "num_experts_per_tok": 2,
            "num_hidden_layers": 1}
     (tmp_path / "huge").mkdir()
     (tmp_path / "huge" / "config.json").write_text(json.dumps(cfg))
@@ -86,20 +87,21 @@ def test_tune_refuses_a_huge_hf_config(tmp_path):
 
 
 def test_warmup_refuses_max_tokens_that_cannot_fit(tmp_path):
-    """--max-tokens 10**9 is refused before a plan of 10**9 entries is built."""
+    """--max-tokens 10**9 is refused (the bound on M) before a plan of 10**9 entries is built."""
     r = moebench_in_process("warmup", "--model", "tiny", "--dtype", "fp16", "--max-tokens", "1000000000",
                             "--jobs", "0", "--no-progress", "--cache-dir", str(tmp_path / "cache"), cwd=tmp_path)
-    _refused(r, tmp_path, "tiny fp16 M=1000000000")
+    _refused(r, tmp_path, "M must be a token count from 1 to 1048576, got 1000000000")
     assert not (tmp_path / "cache").exists()
 
 
 def test_trace_refuses_a_request_that_cannot_fit(tmp_path):
-    """A CSV prompt of 10**9 tokens (--max-tokens as large) is refused before the trace's run folder."""
+    """A CSV prompt of 10**9 tokens (--max-tokens as large) is refused (the bound on M) before the trace's run
+    folder."""
     (tmp_path / "prompts.csv").write_text("prompt_len\n1000000000\n")
     r = moebench_in_process("trace", "--model", "tiny", "--dtype", "fp16", "--csv", str(tmp_path / "prompts.csv"),
                             "--max-tokens", "1000000000", "--no-progress", "--in-process", "--out",
                             str(tmp_path / "results"), cwd=tmp_path)
-    _refused(r, tmp_path, "tiny fp16 M=1000000000")
+    _refused(r, tmp_path, "M must be a token count from 1 to 1048576, got 1000000000")
     assert not (tmp_path / "results").exists()
 
 

@@ -66,7 +66,7 @@ def test_points_share_weights_in_order(tmp_path):
     ("models: [tiny\nm: [1]\n", "malformed YAML"),  # broken YAML
     ("- tiny\n", "mapping"),  # not a mapping
     ("models: [nosuchmodel]\nm: [1]\n", "unknown model"),  # unknown preset
-    ("models: [tiny]\nm: [0]\n", "M must be positive"),  # impossible M
+    ("models: [tiny]\nm: [0]\n", "M must be a token count"),  # impossible M
     ("models: [tiny]\nm: [1]\ntopk: 9\n", "top-k 9 impossible"),  # top-k > experts
     ("models: [tiny]\nm: [1]\ndtypes: [int4]\n", "unknown dtype"),  # unknown dtype
     ("models: [tiny]\nm: [1]\npaths: [magic]\n", "unknown path"),  # unknown path
@@ -90,7 +90,7 @@ def test_missing_spec_file(tmp_path):
 def test_a_spec_that_is_not_text_is_one_line(tmp_path):
     p = tmp_path / "spec.yaml"
     p.write_bytes(b"\xff\xfe\x00m")
-    with pytest.raises(UserError, match="not a text file"):
+    with pytest.raises(UserError, match="not UTF-8 text"):
         load_spec(p)
 
 

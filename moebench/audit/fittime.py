@@ -14,7 +14,6 @@ benches' order and the two configs' swapped each pass -> per M and side the medi
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from moebench.audit.fitcheck import POINTS_FORMAT, POINTS_VERSION
 from moebench.audit.pairs import MIN_NOISE, REPEATS, open_run, row
+from moebench.bounded import Refused, read_json
 from moebench.errors import UserError
 from moebench.tile import TileConfig
 
@@ -37,9 +37,9 @@ def read_points(path: Path | str, notes: list[str] | None = None) -> list[dict]:
     """The points of a ``fit-check --points`` file; UserError (one line) for another file or version, a note
     where the file is newer than this moebench."""
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: cannot read points ({e})") from None
+        raw = read_json(path, gz=False)
+    except Refused as e:
+        raise UserError(f"{path}: cannot read points ({e.why})") from None
     if not isinstance(raw, dict) or raw.get("format") != POINTS_FORMAT or not isinstance(raw.get("points"), list):
         raise UserError(f"{path}: not a {POINTS_FORMAT} file (moebench fit-check --points writes one)")
     version = raw.get("version")

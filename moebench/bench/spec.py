@@ -19,13 +19,12 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import yaml
-
+from moebench.bounded import read_yaml
 from moebench.dtypes import get_dtype
-from moebench.errors import UserError
+from moebench.errors import UserError, short
 from moebench.models import MoEShape, explicit_shape, from_hf_config, get_model, shard
 from moebench.paths.registry import get_path
-from moebench.problem import Problem, check_seed
+from moebench.problem import M_MAX, Problem, check_seed
 from moebench.routing import check_routing
 
 SWEEPS_DIR = Path(__file__).resolve().parent / "sweeps"  # the shipped specs (package data)
@@ -75,8 +74,8 @@ class Block:
             if not value:
                 raise UserError(f"sweep '{name}': {field} is empty")
         for m in self.ms:
-            if m <= 0:
-                raise UserError(f"sweep '{name}': M must be positive, got {m}")
+            if not 0 < m <= M_MAX:
+                raise UserError(f"sweep '{name}': M must be a token count from 1 to {M_MAX}, got {short(m)}")
         for d in self.dtypes:
             get_dtype(d)
         for p in self.paths:
@@ -97,7 +96,7 @@ class SweepSpec:
 
     def __post_init__(self) -> None:
         if not PLAIN_NAME.fullmatch(self.name):
-            raise UserError(f"sweep name {self.name!r} is not a plain file-name part (letters, digits, _ first; "
+            raise UserError(f"sweep name {short(self.name)} is not a plain file-name part (letters, digits, _ first; "
                             "then also spaces and . @ + = , -; at most 100 characters)")
         if not self.blocks:
             raise UserError(f"sweep '{self.name}': nothing to run")
@@ -147,7 +146,7 @@ def _int_list(value, what: str) -> tuple[int, ...]:
             try:
                 out.append(int(part))
             except ValueError:
-                raise UserError(f"{what}: {part!r} is not an integer") from None
+                raise UserError(f"{what}: {short(part)} is not an integer") from None
     return tuple(out)
 
 
@@ -159,22 +158,22 @@ def _items(value, types: tuple[type, ...], what: str, plural: str) -> list:
     """``value`` (one of ``types``, a list of them, or null) as a list; a UserError naming ``what`` where not."""
     items = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
     if any(isinstance(v, bool) or not isinstance(v, types) for v in items):
-        raise UserError(f"{what}: expected {plural}, one or a list, got {value!r:.60}")
+        raise UserError(f"{what}: expected {plural}, one or a list, got {short(value)}")
     return items
 
 
 def _int(value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise UserError(f"{what}: expected an integer, got {value!r}")
+        raise UserError(f"{what}: expected an integer, got {short(value)}")
     try:
         return int(value)
     except ValueError:
-        raise UserError(f"{what}: expected an integer, got {value!r}") from None
+        raise UserError(f"{what}: expected an integer, got {short(value)}") from None
 
 
 def _bool(value, what: str) -> bool:
     if not isinstance(value, bool):
-        raise UserError(f"{what}: expected true or false, got {value!r}")
+        raise UserError(f"{what}: expected true or false, got {short(value)}")
     return value
 
 
@@ -228,7 +227,7 @@ def default_spec_file(interpreter: bool) -> Path:
 def find_spec(spec: str | Path) -> Path:
     """A SPEC argument as a file: the path itself, else a shipped spec of that name ("quick", "quick.yaml")."""
     path = Path(spec)
-    if path.is_file():
+    if path.exists() and not path.is_dir():  # a FIFO or a device too: the reader refuses it by name
         return path
     shipped = SWEEPS_DIR / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
     if path.parent == Path(".") and shipped.is_file():
@@ -236,24 +235,18 @@ def find_spec(spec: str | Path) -> Path:
     raise UserError(f"no sweep spec at {path}; shipped specs: {', '.join(shipped_specs())}")
 
 
-def load_spec(path: str | Path) -> SweepSpec:
-    """Read a YAML sweep spec; every error is one line that names the file."""
+def load_spec(path: str | Path, ms: tuple[int, ...] = ()) -> SweepSpec:
+    """Read a YAML sweep spec; every error is one line that names the file. ``ms``: the token counts of a block
+    that names none (``--m``, which replaces every block's anyway)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"no sweep spec at {path}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not a text file (a sweep spec is UTF-8 YAML)") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise UserError(f"{path}: malformed YAML{where}") from None
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise UserError(f"{path}: a sweep spec is a mapping of keys ({', '.join(SPEC_KEYS)})")
     unknown = [k for k in data if k not in SPEC_KEYS]
     if unknown:
-        raise UserError(f"{path}: unknown key {unknown[0]!r}; known keys: {', '.join(SPEC_KEYS)}")
+        raise UserError(f"{path}: unknown key {short(unknown[0])}; known keys: {', '.join(SPEC_KEYS)}")
     runs = data.get("runs")
     if runs is not None and (not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs)):
         raise UserError(f"{path}: runs must be a list of mappings of {', '.join(BLOCK_KEYS)}")
@@ -263,8 +256,8 @@ def load_spec(path: str | Path) -> SweepSpec:
         for i, run in enumerate(runs or [{}]):
             bad = [k for k in run if k not in BLOCK_KEYS]
             if bad:
-                raise UserError(f"runs[{i}]: unknown key {bad[0]!r}; block keys: {', '.join(BLOCK_KEYS)}")
-            blocks.append(_block(path, {**defaults, **run}))
+                raise UserError(f"runs[{i}]: unknown key {short(bad[0])}; block keys: {', '.join(BLOCK_KEYS)}")
+            blocks.append(_block(path, {**defaults, **run}, ms))
         return SweepSpec(
             name=str(data.get("name") or path.stem),
             blocks=tuple(blocks),
@@ -278,7 +271,7 @@ def load_spec(path: str | Path) -> SweepSpec:
         raise UserError(f"{path}: {e}") from None
 
 
-def _block(path: Path, data: dict) -> Block:
+def _block(path: Path, data: dict, ms: tuple[int, ...] = ()) -> Block:
     """One block from the block keys of a spec file (the top level merged with one entry of runs)."""
     shapes = []
     for i, s in enumerate(data.get("shapes") or []):
@@ -287,18 +280,18 @@ def _block(path: Path, data: dict) -> Block:
         bad = [k for k in s if k not in SHAPE_KEYS]
         missing = [k for k in SHAPE_KEYS[1:5] if k not in s]
         if bad or missing:
-            what = f"unknown key {bad[0]!r}" if bad else f"missing {missing[0]!r}"
+            what = f"unknown key {short(bad[0])}" if bad else f"missing {missing[0]!r}"
             raise UserError(f"shapes[{i}]: {what}; keys: {', '.join(SHAPE_KEYS)}")
-        try:
-            shapes.append(explicit_shape(int(s["experts"]), int(s["hidden"]), int(s["intermediate"]),
-                                         int(s["topk"]), s.get("name"), int(s.get("moe_layers", 1))))
-        except (TypeError, ValueError):
-            raise UserError(f"shapes[{i}]: sizes must be integers") from None
+        sizes = [_int(s.get(k, 1), f"shapes[{i}].{k}") for k in SHAPE_KEYS[1:]]  # 8.5 is refused, not cut to 8
+        name = s.get("name")
+        if name is not None and not isinstance(name, str):
+            raise UserError(f"shapes[{i}].name: expected a name, got {short(name)}")
+        shapes.append(explicit_shape(*sizes[:4], name, sizes[4]))
     return build_block(
         models=_str_list(data.get("models"), "models"),
         hf_configs=tuple(path.parent / p for p in _str_list(data.get("hf_configs"), "hf_configs")),
         shapes=tuple(shapes),
-        ms=_int_list(data.get("m"), "m"),
+        ms=_int_list(data.get("m"), "m") or ms,
         topks=_int_list(data.get("topk"), "topk"),
         dtypes=_str_list(data.get("dtypes"), "dtypes") or ("bf16",),
         paths=_str_list(data.get("paths"), "paths"),
@@ -330,9 +323,10 @@ def from_options(spec_file: Path | None, default_file: Path, *, models=(), hf_co
     if spec_file or not flags_given:
         if tp != 1 or ep != 1 or ep_map:
             raise UserError("--tp/--ep/--ep-map shard the flags' models; with a SPEC file set tp/ep/ep_map in the file")
+        flag_ms = _int_list(ms, "--m") if ms else None
         return override(
-            load_spec(find_spec(spec_file) if spec_file else default_file),
-            ms=_int_list(ms, "--m") if ms else None,
+            load_spec(find_spec(spec_file) if spec_file else default_file, flag_ms or ()),
+            ms=flag_ms,
             dtypes=_str_list(dtypes, "--dtype") or None,
             paths=_str_list(paths, "--path") or None,
             topks=_int_list(topk, "--topk") if topk else None,

@@ -37,6 +37,15 @@ def _tables(configs_dir: Path | None):
     return tables
 
 
+def _check_runs(runs) -> None:
+    """UserError for a ``--runs`` folder that is no run folder: a typo is said, not passed over."""
+    from moebench.store.runfolder import ROWS_FILE, rows_file
+
+    for run in runs:
+        if not Path(run).is_dir() or not rows_file(Path(run)).is_file():
+            raise UserError(f"--runs {run}: no run folder there (a folder with {ROWS_FILE})")
+
+
 @click.command("fit-check")
 @click.option("--configs", "configs_dir", default=None, type=GivenPath(path_type=Path),
               help="A folder of moebench tables, read before $MOEBENCH_CONFIGS and the shipped ones.")
@@ -55,6 +64,7 @@ def fit_check(configs_dir, runs, points_file, device, fmt):
     """
     from moebench.audit.fitcheck import geomean, leave_one_out, points, write_points
 
+    _check_runs(runs)
     tables = _tables(configs_dir)
     rows = [c.as_row() for c in leave_one_out(tables, runs)]
     _show_checks(rows, fmt)

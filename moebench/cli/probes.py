@@ -46,20 +46,17 @@ def isa(model, dtype, m, fmt):
 def profile(model, tp, dtype, m, path_name, config_json, fmt):
     """GPU time per kernel of one MoE layer (PyTorch profiler; GPU only), at --config or, without it, the config
     a sweep runs (moebench's kernel: the tables in use, the fitted default, the heuristic)."""
-    import json
 
     import pandas as pd
 
+    from moebench.bounded import parse_json
     from moebench.models import get_model, shard
     from moebench.probes.profile import chosen_config, kernel_breakdown
     from moebench.problem import Problem
     from moebench.report import tables as report
     from moebench.tile import TileConfig
 
-    try:
-        given = json.loads(config_json) if config_json else None
-    except json.JSONDecodeError as e:
-        raise UserError(f"--config is not JSON: {e.msg}") from None
+    given = parse_json(config_json, "--config") if config_json else None
     if given is not None and not isinstance(given, dict):
         raise UserError(f"--config is a JSON object of tile fields, not {type(given).__name__}")
     try:

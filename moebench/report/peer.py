@@ -10,13 +10,13 @@ few percent as a tie.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pandas as pd
 
-from moebench.errors import UserError
+from moebench.bounded import NotJSON, Refused, parse_json, read_text
+from moebench.errors import UserError, short
 from moebench.report.tables import best_ok_points
 
 KEY = ["model", "dtype", "M"]
@@ -28,21 +28,23 @@ def read_peer(path: Path | str, field: str = "time_us") -> pd.DataFrame:
     a line that is not JSON, or no line with the key and ``field``."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--peer {path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+        lines = read_text(path, gz=False).splitlines()
+    except Refused as e:
+        raise UserError(f"--peer {path}: cannot be read ({e.why})") from None
     points = {}
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except ValueError:
+            rec = parse_json(line, f"--peer {path}:{n}")
+        except NotJSON:
             raise UserError(f"--peer {path}:{n}: not a JSON line") from None
         t = rec.get(field) if isinstance(rec, dict) else None
         if not isinstance(rec, dict) or any(k not in rec for k in KEY) or not isinstance(t, (int, float)) or t <= 0:
             continue
-        points[(str(rec["model"]), str(rec["dtype"]), int(rec["M"]))] = float(t)
+        if isinstance(rec["M"], bool) or not isinstance(rec["M"], int):
+            raise UserError(f"--peer {path}:{n}: M is {short(rec['M'])}, not a token count")
+        points[(str(rec["model"]), str(rec["dtype"]), rec["M"])] = float(t)
     if not points:
         raise UserError(f"--peer {path}: no line with model, dtype, M and a positive {field!r}")
     return pd.DataFrame([(*k, t) for k, t in points.items()], columns=[*KEY, "peer_us"])

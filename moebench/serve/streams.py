@@ -3,13 +3,15 @@ prompt lengths, and how a run's meta.json names them."""
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from moebench.errors import UserError, one_line
+from moebench.bounded import Refused, read_text
+from moebench.errors import UserError, one_line, short
 
 DISTRIBUTIONS = ("lognormal", "uniform", "decode-mix")
 MAX_TOKENS = 4096  # the largest token count drawn (prefill chunks of 4096 tokens and more are split)
@@ -57,7 +59,11 @@ def read_prompt_lengths(path: Path | str) -> list[int]:
     numeric column. UserError (one line) for a file that is missing, not CSV, or holds no positive integers."""
     path = Path(path)
     try:
-        df = pd.read_csv(path)
+        text = read_text(path, gz=False)
+    except Refused as e:
+        raise UserError(f"--csv {path}: cannot read it ({e.why})") from None
+    try:
+        df = pd.read_csv(io.StringIO(text))
     except (OSError, ValueError, pd.errors.ParserError) as e:  # EmptyDataError is a ValueError
         raise UserError(f"--csv {path}: cannot read it as CSV ({one_line(e)})") from None
     names = {str(c).strip().lower(): c for c in df.columns}
@@ -70,6 +76,6 @@ def read_prompt_lengths(path: Path | str) -> list[int]:
     values = pd.to_numeric(df[column], errors="coerce")
     bad = [i for i, v in enumerate(values) if not (v >= 1 and float(v).is_integer())]
     if bad or values.empty:
-        where = f"line {bad[0] + 2} holds {_plain(df[column].iloc[bad[0]])!r}" if bad else "it has no rows"
-        raise UserError(f"--csv {path}: column {column!r} must hold positive token counts; {where}")
+        where = f"line {bad[0] + 2} holds {short(_plain(df[column].iloc[bad[0]]))}" if bad else "it has no rows"
+        raise UserError(f"--csv {path}: column {short(column)} must hold positive token counts; {where}")
     return [int(v) for v in values]

@@ -11,9 +11,9 @@ path's untuned one and ``known`` the best hand-picked seed, each with its time r
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from moebench.bounded import Refused, read_json
 from moebench.store.atomic import write_json_atomic
 
 BEST_FILE = "best.json"
@@ -42,9 +42,9 @@ def read_best(run_dir: Path | str) -> dict:
     filled from the shape's name where missing; ``BestFileError`` where the file cannot be read or is not a tune's."""
     file = best_path(run_dir)
     try:
-        best = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
-        raise BestFileError(f"no readable {BEST_FILE} ({type(e).__name__}: {str(e)[:200]})") from None
+        best = read_json(file, gz=False)
+    except Refused as e:
+        raise BestFileError(f"no readable {BEST_FILE} ({e.why})") from None
     if not isinstance(best, dict) or not isinstance(best.get("configs"), dict):
         raise BestFileError(f"{BEST_FILE} is not a tune's (no 'configs' mapping)")
     configs = {}

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from moebench.bounded import read_json
 from moebench.errors import UserError
 from moebench.store.runfolder import META_FILE, ROWS_FILE, run_status
 
@@ -60,8 +61,8 @@ def _runs_of(out_base: Path, key: str) -> list[tuple[int, str, Path, dict]]:
     found = []
     for meta_path in Path(out_base).glob(f"*/{META_FILE}"):
         try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            meta = read_json(meta_path, gz=False)
+        except UserError:
             continue  # not a run folder of any request
         if isinstance(meta, dict) and meta.get("request") == key:
             found.append((_last_written(meta_path.parent), meta_path.parent.name, meta_path.parent, meta))

@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import TYPE_CHECKING
 
+from moebench.errors import short
+from moebench.filenames import why_not_part
+
 if TYPE_CHECKING:
     from moebench.paths.base import Target
     from moebench.problem import Problem
@@ -115,6 +118,8 @@ class Row:
 # The JSON types each annotation names: a float column takes an integer too (JSON writes 2.0 as 2.0, but other
 # writers may not); bool is never an int here, though Python counts it as one.
 _JSON_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "dict": (dict,)}
+# Fields that become parts of file names (an export's table is named by device_name, a tune's folder by model)
+NAME_FIELDS = ("model", "dtype", "path", "device_name")
 _CHOICES = {"status": STATUSES, "phase": PHASES, "failure": FAILURES}
 
 
@@ -155,9 +160,11 @@ def check_row(record: dict) -> str | None:
             return f"field {name!r} is null"
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             expected = " or ".join(dict.fromkeys(_type_name(t()) for t in types))
-            return f"field {name!r} is {_type_name(value)} {value!r:.40}, expected {expected}"
+            return f"field {name!r} is {_type_name(value)} {short(value, 40)}, expected {expected}"
         if name in _CHOICES and value not in _CHOICES[name]:
-            return f"field {name!r} is {value!r:.40}, expected one of {', '.join(_CHOICES[name])}"
+            return f"field {name!r} is {short(value, 40)}, expected one of {', '.join(_CHOICES[name])}"
+        if name in NAME_FIELDS and value and (why := why_not_part(value)):
+            return f"field {name!r} {short(value, 40)} {why}"
     return None
 
 
@@ -185,8 +192,8 @@ def check_meta(meta: dict) -> str | None:
             continue
         if value is None or not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             expected = " or ".join(dict.fromkeys(_type_name(t()) for t in types))
-            return f"key {key!r} is {_type_name(value)} {value!r:.40}, expected {expected}"
+            return f"key {key!r} is {_type_name(value)} {short(value, 40)}, expected {expected}"
     for name, value in (meta.get("ceilings") or {}).items():
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-            return f"ceilings[{name!r}] is {_type_name(value)} {value!r:.40}, expected a number"
+            return f"ceilings[{name!r}] is {_type_name(value)} {short(value, 40)}, expected a number"
     return None

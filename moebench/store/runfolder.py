@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import calendar
 import errno
-import gzip
 import json
 import math
 import os
 import platform
 import time
-import zlib
 from pathlib import Path
 
 import pandas as pd
 
+from moebench.bounded import NotJSON, Refused, parse_json, read_bytes, read_json, read_text
 from moebench.errors import UserError, one_line
+from moebench.filenames import check_part
 from moebench.store.atomic import AppendLines, overwrite_in_place, write_json_atomic, write_text_atomic
 from moebench.store.rows import Row, check_meta, check_row
 
@@ -65,6 +65,7 @@ def check_out_dir(folder: Path, flag: str = "--out") -> None:
 
 def new_run_dir(base: Path, name: str) -> Path:
     """A fresh folder name under ``base`` (not created): ``<UTC time>-<name>``."""
+    check_part(name, "a run folder's name:")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     candidate = Path(base) / f"{stamp}-{name}"
     n = 1
@@ -259,16 +260,15 @@ def _cut_torn_row(rows_path: Path) -> str | None:
 
     A last row whole but for its newline gets the newline. Bytes, not text: a cut may split a character.
     """
-    try:
-        data = rows_path.read_bytes()
-    except FileNotFoundError:
+    if not rows_path.exists():
         return None
+    data = read_bytes(rows_path, gz=False)
     if not data or data.endswith(b"\n"):
         return None
     start = data.rfind(b"\n") + 1
     try:
-        whole = isinstance(json.loads(data[start:]), dict)
-    except ValueError:  # not JSON, or not UTF-8
+        whole = isinstance(parse_json(data[start:], rows_path), dict)
+    except UserError:  # not JSON, not UTF-8, or past a bound
         whole = False
     with open(rows_path, "r+b") as f:
         if whole:
@@ -285,10 +285,7 @@ def _cut_torn_row(rows_path: Path) -> str | None:
 def read_meta(meta_path: Path) -> dict:
     """A run folder's meta.json as a dict; UserError where it is not a JSON object or a key readers use has the
     wrong type (``rows.check_meta``)."""
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{meta_path}: not JSON ({e})") from None
+    meta = read_json(meta_path, gz=False)
     if not isinstance(meta, dict):
         raise UserError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
     if why := check_meta(meta):
@@ -343,24 +340,21 @@ def read_rows(rows_path: Path, check=None) -> tuple[list[dict], list[str]]:
     ``check`` (a record -> the reason it is no row, or None; ``rows.check_row``) runs on every row; a line
     that is not a JSON object or fails it is a ``BadRowsLine``.
     """
-    try:
-        data = rows_path.read_bytes()
-        text = (gzip.decompress(data) if rows_path.suffix == ".gz" else data).decode("utf-8")
-    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError, zlib.error):
-        raise UserError(f"{rows_path}: not UTF-8 text{' (or not gzip)' if rows_path.suffix == '.gz' else ''}") from None
-    lines = text.split("\n")
+    lines = read_text(rows_path).split("\n")
     rows, warnings = [], []
     for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
+            row = parse_json(line, rows_path)
+        except NotJSON as e:
             if n == len(lines):  # no newline after it: the row being written when the run stopped
                 warnings.append(f"warning: {rows_path}: line {n} is cut short (the run stopped while writing it); "
                                 "left out")
                 continue
-            raise BadRowsLine(rows_path, n, f"is not JSON ({e.msg})") from None
+            raise BadRowsLine(rows_path, n, f"is {e.why.split(' at line ')[0]})") from None
+        except Refused as e:
+            raise BadRowsLine(rows_path, n, f"is past a bound: {e.why}") from None
         if not isinstance(row, dict):
             raise BadRowsLine(rows_path, n, "is not a JSON object")
         if check is not None and (why := check(row)):

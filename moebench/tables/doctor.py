@@ -15,7 +15,6 @@ the engine is importable (``importlib.util.find_spec``: located, not imported). 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shlex
 from collections.abc import Callable
@@ -305,6 +304,7 @@ def server_triton(given: str | None, source: str = "--engine-triton") -> tuple[s
 
 def _read(engine: str, path: Path) -> tuple[ConfigTable | None, str]:
     """The table in ``path`` as the engine reads it, and what is wrong with it for that engine (or "")."""
+    from moebench.bounded import read_json
     from moebench.errors import UserError
 
     try:
@@ -315,7 +315,7 @@ def _read(engine: str, path: Path) -> tuple[ConfigTable | None, str]:
         table = ConfigTable.from_json(path)
     except UserError as e:
         return None, f"{FORMATS[engine].READER} cannot use the file found: {e}"
-    if engine == "sglang" and "triton_version" in json.loads(path.read_text()):
+    if engine == "sglang" and "triton_version" in read_json(path, gz=False):
         return table, ("the file has a \"triton_version\" entry, which SGLang reads as a token count and fails on "
                        "(a vLLM file? export it with --layout sglang)")
     return table, carried_note(table.extras, engine, FORMATS[engine].READER) or ""

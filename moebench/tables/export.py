@@ -27,6 +27,7 @@ from types import ModuleType
 
 import pandas as pd
 
+from moebench.bounded import read_json
 from moebench.errors import UserError
 from moebench.store.atomic import write_files_atomic
 from moebench.store.runfolder import run_ref
@@ -152,8 +153,8 @@ def read_sidecar(path: Path) -> dict:
     if not path.exists():
         return {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "files": {}}
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        raw = read_json(path, gz=False)
+    except UserError:
         raw = None
     if (not isinstance(raw, dict) or raw.get("format") != SIDECAR_FORMAT
             or raw.get("version") != SIDECAR_VERSION or not isinstance(raw.get("files"), dict)):

@@ -10,11 +10,11 @@ through here. Nothing here loads torch.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from moebench.bounded import NotJSON, Refused, read_json
 from moebench.errors import UserError
 from moebench.tables.engine_log import parse_log
 from moebench.tables.export import SIDECAR
@@ -84,14 +84,14 @@ def read_table(path: Path) -> TableFile:
     """The table file at ``path``, its layout found from its header or name; a file that is missing, of no
     layout moebench knows, or malformed is a one-line UserError naming it."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"{path}: no such table file")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise UserError(f"{path}: cannot read table ({e.strerror or e})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not JSON ({e})") from None
+        raw = read_json(path, gz=False)
+    except NotJSON:
+        raise
+    except Refused as e:
+        raise UserError(f"{path}: cannot read table ({e.why})") from None
     if isinstance(raw, dict) and "format" in raw:
         return _with_sidecar(_moebench(path))
     try:
@@ -132,8 +132,8 @@ def _with_sidecar(tf: TableFile) -> TableFile:
             continue
         key = tf.path.relative_to(folder).as_posix()
         try:
-            entry = json.loads(file.read_text(encoding="utf-8")).get("files", {}).get(key)
-        except (OSError, ValueError, AttributeError):
+            entry = read_json(file, gz=False).get("files", {}).get(key)
+        except (UserError, AttributeError):
             entry = None
         if not isinstance(entry, dict):
             continue

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from moebench.errors import UserError
+from moebench.bounded import parse_json, read_text
+from moebench.errors import UserError, short
 from moebench.tile import TileConfig
 
 ENGINE_PATH = "triton-classic"  # the path that runs the engines' kernel form, whose timings pick their configs
@@ -91,16 +92,10 @@ class ConfigTable(Mapping[int, TileConfig]):
         """
         if isinstance(source, Path) or not source.lstrip().startswith("{"):
             name = str(source)
-            try:
-                text = Path(source).read_text()
-            except OSError as e:
-                raise UserError(f"{name}: cannot read config file ({e.strerror or e})") from None
+            text = read_text(source, gz=False)
         else:
             name, text = "<config JSON>", source
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{name}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raw = parse_json(text, name)
         if not isinstance(raw, dict):
             raise UserError(f"{name}: expected a JSON object keyed by token count M")
         raw.pop("triton_version", None)
@@ -131,9 +126,9 @@ def _token_count(key, name: str) -> int:
     try:
         m = int(key)
     except ValueError:
-        raise UserError(f"{name}: key {str(key)[:40]!r} is not a token count M") from None
+        raise UserError(f"{name}: key {short(key)} is not a token count M") from None
     if m < 1:
-        raise UserError(f"{name}: key {str(key)[:40]!r} must be a token count >= 1")
+        raise UserError(f"{name}: key {short(key)} must be a token count >= 1")
     return m
 
 

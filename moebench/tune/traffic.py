@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from moebench.errors import UserError
+from moebench.bounded import Refused, read_text
+from moebench.errors import UserError, short
 from moebench.tables.table import nearest_key as table_nearest_key
 
 MAX_KEYS = 18  # as many keys as vLLM's tuner writes
@@ -22,9 +23,9 @@ def read_weights(path: Path | str) -> dict[int, float]:
     """Token count -> its weight (batches seen), from a histogram file (see the module docstring)."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--m-weights {path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+        lines = read_text(path, gz=False).splitlines()
+    except Refused as e:
+        raise UserError(f"--m-weights {path}: cannot be read ({e.why})") from None
     weights: dict[int, float] = {}
     for n, line in enumerate(lines, 1):
         parts = [p.strip() for p in line.split(",")]
@@ -34,10 +35,11 @@ def read_weights(path: Path | str) -> dict[int, float]:
             tokens = int(parts[0])
             count = float(parts[1]) if len(parts) > 1 and parts[1] else 1.0
         except ValueError:
-            raise UserError(f"--m-weights {path}:{n}: expected 'tokens' or 'tokens,count', got {line.strip()!r}") \
+            raise UserError(f"--m-weights {path}:{n}: expected 'tokens' or 'tokens,count', got {short(line.strip())}") \
                 from None
         if tokens < 1 or not 0 <= count < float("inf") or len(parts) > 2:
-            raise UserError(f"--m-weights {path}:{n}: a positive token count and a count >= 0, got {line.strip()!r}")
+            raise UserError(f"--m-weights {path}:{n}: a positive token count and a count >= 0, "
+                            f"got {short(line.strip())}")
         weights[tokens] = weights.get(tokens, 0.0) + count
     if not weights or sum(weights.values()) <= 0:
         raise UserError(f"--m-weights {path}: no token counts in it")

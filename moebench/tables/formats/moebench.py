@@ -23,6 +23,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from moebench.bounded import NotJSON, Refused, read_json
 from moebench.errors import UserError
 from moebench.tables.table import ConfigTable, Provenance, entries_from_json
 
@@ -95,11 +96,11 @@ def load_table(path: Path | str) -> tuple[TableMeta, ConfigTable]:
     file is a one-line UserError naming the file; a newer version reads with ``meta.warning`` set."""
     name = str(path)
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise UserError(f"{name}: cannot read table ({e.strerror or e})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{name}: not JSON ({e})") from None
+        raw = read_json(path, gz=False)
+    except NotJSON:
+        raise
+    except Refused as e:
+        raise UserError(f"{name}: cannot read table ({e.why})") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else None
         what = f"format {found!r}" if found is not None else "no format field (an engine's file?)"
