@@ -29,7 +29,7 @@ from moebench.filenames import why_not_part
 # The largest size of each field a shape takes: past every served model by far (DeepSeek-V3: hidden 7168, 256
 # experts; Mixtral: intermediate 14336; 61 layers), so a typo or a hostile file is refused before any allocation.
 MAX_SIZES = {"experts": 4096, "hidden": 65536, "intermediate": 131072, "topk": 64, "moe_layers": 4096,
-             "shared_experts": 64, "global_experts": 4096}
+             "shared_experts": 64, "global_experts": 4096, "fused": 64}
 
 
 @dataclass(frozen=True)
