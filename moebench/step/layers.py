@@ -70,15 +70,18 @@ def gqa(t: dict[str, torch.Tensor], batch: int, q_len: int, heads: int, kv_heads
     q = apply_rotary(q.reshape(M, heads, d), t["cos"], t["sin"])
     k = apply_rotary(k.reshape(M, kv_heads, d), t["cos"], t["sin"])
     v = v.reshape(M, kv_heads, d)
-    q = q.view(batch, q_len, heads, d).transpose(1, 2)  # [B, heads, q_len, d]
     if "k_cache" in t:  # decode
         t["k_cache"][:, :, -1].copy_(k)  # [B, kv, d]: this step's key and value in the last slot
         t["v_cache"][:, :, -1].copy_(v)
-        o = F.scaled_dot_product_attention(q, t["k_cache"], t["v_cache"], enable_gqa=True)
-    else:
-        k = k.view(batch, q_len, kv_heads, d).transpose(1, 2)  # [B, kv, P, d]
-        v = v.view(batch, q_len, kv_heads, d).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        # Each KV head's group of query heads as its queries (query head j reads KV head j // group): no copy of
+        # the cache per query head, whatever backend SDPA picks.
+        q = q.view(batch, kv_heads, heads // kv_heads, d)
+        o = F.scaled_dot_product_attention(q, t["k_cache"], t["v_cache"])  # [B, kv, group, d]
+        return o.reshape(M, heads * d) @ t["wo"].T
+    q = q.view(batch, q_len, heads, d).transpose(1, 2)  # [B, heads, q_len, d]
+    k = k.view(batch, q_len, kv_heads, d).transpose(1, 2)  # [B, kv, P, d]
+    v = v.view(batch, q_len, kv_heads, d).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     return o.transpose(1, 2).reshape(M, heads * d) @ t["wo"].T  # [M, hidden]
 
 
@@ -130,10 +133,10 @@ def mla(t: dict[str, torch.Tensor], batch: int, q_len: int, heads: int, nope: in
     cache[:, -1, kv_lora:].copy_(k_pe)
     if absorbed:
         q_lat = torch.einsum("bhn,hnc->bhc", q_nope, t["w_uk"])  # [B, heads, kv_lora]
-        q = torch.cat((q_lat, q_pe), dim=-1)[:, :, None]  # [B, heads, 1, kv_lora + rope]
-        kv = cache[:, None]  # [B, 1, C, kv_lora + rope]: one KV head
-        o = F.scaled_dot_product_attention(q, kv, kv[..., :kv_lora], enable_gqa=True,
-                                           scale=1 / math.sqrt(nope + rope))[:, :, 0]  # [B, heads, kv_lora]
+        # One KV head (the latent) with the heads as its queries: [B, 1, heads, kv_lora + rope] over [B, 1, C, ...]
+        q = torch.cat((q_lat, q_pe), dim=-1)[:, None]
+        kv = cache[:, None]
+        o = F.scaled_dot_product_attention(q, kv, kv[..., :kv_lora], scale=1 / math.sqrt(nope + rope))[:, 0]
         o = torch.einsum("bhc,hvc->bhv", o, t["w_uv"]).reshape(batch, heads * v_dim)
         return o @ t["wo"].T
     context = cache.shape[1]

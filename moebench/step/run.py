@@ -115,7 +115,8 @@ def run_step(request: StepRequest, out_base: Path, on_row: Callable[[dict], None
     meta.update(kind="step", model=cfg.name, dtype=dtype, config=asdict(cfg), paths=list(request.paths),
                 vs=request.vs, points=[asdict(p) for p in request.points], allreduce_gbps=request.allreduce_gbps,
                 allreduce_latency_us=request.allreduce_latency_us, stack_layers=request.stack_layers,
-                seed=request.seed, timing_method=run_method(target.interpreter), counts=compose.counts(cfg))
+                seed=request.seed, configs_dir=request.configs_dir, timing_method=run_method(target.interpreter),
+                counts=compose.counts(cfg))
     ceilings = None
     if device.type == "cuda" and not target.interpreter:
         ceilings = measure_ceilings()
