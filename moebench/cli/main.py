@@ -21,6 +21,7 @@ from moebench.cli.fitcheck import fit_check, fit_time
 from moebench.cli.probes import bounds, isa, profile
 from moebench.cli.report import compare, plot, report
 from moebench.cli.retime import retime
+from moebench.cli.step import step
 from moebench.cli.sweep import sweep
 from moebench.cli.trace import trace
 from moebench.cli.tune import export_configs, tune, tune_tables
@@ -63,6 +64,7 @@ cli.add_command(fit_check)
 cli.add_command(fit_time)
 cli.add_command(warmup)
 cli.add_command(trace)
+cli.add_command(step)
 cli.add_command(isa)
 cli.add_command(profile)
 cli.add_command(bounds)

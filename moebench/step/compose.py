@@ -1,0 +1,166 @@
+"""A step's time from its parts' rows: each part's time times how many of it the model runs, summed; the
+all-reduces of tensor parallelism modelled from a bus bandwidth and kept in their own column.
+
+    step_us      = attention x layers + (router + moe + shared) x MoE layers + dense_mlp x dense layers + head
+    allreduce_us = 2 x layers x (latency + 2 (tp - 1) / tp x tokens x hidden x bytes / bus bandwidth)
+    prefill: ttft_ms = (step_us + allreduce_us) / 1000 for ``batch`` prompts of ``length`` tokens
+    decode:  tpot_ms = (step_us + allreduce_us) / 1000, tok_s = batch / tpot
+
+Each path's MoE time replaces the others' in the same sum (the other parts are measured once per point), so
+``layer_vs`` (the baseline path's MoE time over this path's) and ``e2e_vs`` (the baseline's step over this
+path's) say what a faster layer buys end to end. Plain arithmetic over row dicts: no torch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from moebench.step.config import StepConfig, StepPoint
+from moebench.step.rows import blank_row
+
+# ring all-reduce's bus bandwidth on NVLink 4 (8x H100/H200 SXM, nccl-tests all_reduce_perf at large messages:
+# 460-480 GB/s; NVLink 4 carries 450 GB/s a direction): see docs/step.md
+DEFAULT_ALLREDUCE_GBPS = 450.0
+ALLREDUCES_PER_LAYER = 2  # after the attention's output projection and after the MLP / MoE layer (row-parallel)
+TTFT_COLUMNS = ["model", "dtype", "path", "batch", "prompt", "moe_ms", "step_ms", "allreduce_ms", "ttft_ms",
+                "moe_pct", "layer_vs", "e2e_vs", "missing"]
+DECODE_COLUMNS = ["model", "dtype", "path", "batch", "context", "moe_ms", "step_ms", "allreduce_ms", "tpot_ms",
+                  "tok_s", "moe_pct", "layer_vs", "e2e_vs", "missing"]
+STACK_COLUMNS = ["model", "dtype", "path", "phase", "batch", "length", "stack_layers", "stack_us", "parts_us",
+                 "stack_vs_parts"]
+
+
+def counts(cfg: StepConfig) -> dict[str, int]:
+    """How many of each part one step of the model runs (0: the model has none)."""
+    moe = cfg.moe.moe_layers
+    return {"attention": cfg.layers, "router": moe, "moe": moe, "shared": moe if cfg.shared_intermediate else 0,
+            "dense_mlp": cfg.dense_layers, "head": 1, "allreduce": ALLREDUCES_PER_LAYER * cfg.layers if cfg.tp > 1
+            else 0}
+
+
+def allreduce_us(tokens: int, hidden: int, act_bytes: int, tp: int, gbps: float, latency_us: float = 0.0) -> float:
+    """One all-reduce of [tokens, hidden] over ``tp`` GPUs: ``latency_us`` plus a ring's 2 (tp - 1) / tp of the
+    bytes at the bus bandwidth ``gbps`` (GB/s, as nccl-tests reports busbw); 0 without tensor parallelism."""
+    if tp == 1:
+        return 0.0
+    return latency_us + 2 * (tp - 1) / tp * tokens * hidden * act_bytes / (gbps * 1e9) * 1e6
+
+
+def allreduce_row(cfg: StepConfig, point: StepPoint, model: str, dtype: str, act_bytes: int, gbps: float,
+                  latency_us: float) -> dict:
+    """The modelled all-reduce of one point, as a row (``measured`` False, ``count`` all-reduces per step)."""
+    note = (f"modelled: ring all-reduce, {gbps:g} GB/s bus bandwidth, {latency_us:g} us latency each, "
+            f"{ALLREDUCES_PER_LAYER} per layer")
+    return blank_row(model=model, dtype=dtype, phase=point.phase, batch=point.batch, length=point.length,
+                     tokens=point.tokens, part="allreduce", count=counts(cfg)["allreduce"], measured=False,
+                     status="ok", time_us=allreduce_us(point.tokens, cfg.hidden, act_bytes, cfg.tp, gbps, latency_us),
+                     bytes=point.tokens * cfg.hidden * act_bytes, note=note)
+
+
+def _key(r: dict) -> tuple:
+    return r["model"], r["dtype"], r["phase"], r["batch"], r["length"]
+
+
+def _ok(r: dict) -> bool:
+    return r.get("status") == "ok" and r.get("time_us") is not None
+
+
+def compose(rows: list[dict], vs: str | None = None) -> list[dict]:
+    """One composed step per (model, dtype, phase, batch, length, path) of the MoE rows: its MoE, measured and
+    all-reduce times (us), the parts it lacks (``missing``: a part that failed, was refused or is absent leaves the
+    step without a time), and against the ``vs`` path's step at the same point."""
+    shared: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    moe: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        if r["part"] == "moe":
+            moe[_key(r)][r["path"]] = r
+        elif r["part"] != "stack":
+            shared[_key(r)][r["part"]] = r
+    steps = []
+    for key, by_path in moe.items():
+        parts = shared[key]
+        for path, m in by_path.items():
+            need = [r for r in (*parts.values(), m) if r["count"]]
+            missing = sorted(r["part"] for r in need if not _ok(r))
+            done = not missing
+            measured = sum(r["count"] * r["time_us"] for r in need if r["measured"]) if done else None
+            comm = sum(r["count"] * r["time_us"] for r in need if not r["measured"]) if done else None
+            moe_us = m["count"] * m["time_us"] if _ok(m) else None
+            steps.append({"model": key[0], "dtype": key[1], "phase": key[2], "batch": key[3], "length": key[4],
+                          "path": path, "moe_us": moe_us, "step_us": measured, "allreduce_us": comm,
+                          "missing": ",".join(missing) or None})
+    if vs is not None:
+        base = {(s["model"], s["dtype"], s["phase"], s["batch"], s["length"]): s for s in steps if s["path"] == vs}
+        for s in steps:
+            b = base.get((s["model"], s["dtype"], s["phase"], s["batch"], s["length"]))
+            s["layer_vs"] = _ratio(b and b["moe_us"], s["moe_us"])
+            total = None if s["step_us"] is None else s["step_us"] + s["allreduce_us"]
+            b_total = None if b is None or b["step_us"] is None else b["step_us"] + b["allreduce_us"]
+            s["e2e_vs"] = _ratio(b_total, total)
+    return steps
+
+
+def _ratio(base: float | None, this: float | None) -> float | None:
+    """base / this (> 1: this is faster), or None where either is missing."""
+    return base / this if base is not None and this else None
+
+
+def _ms(us: float | None) -> float | None:
+    return None if us is None else us / 1000
+
+
+def ttft_records(steps: list[dict]) -> list[dict]:
+    """The TTFT table's records: the prefill steps, in ms."""
+    out = []
+    for s in steps:
+        if s["phase"] != "prefill":
+            continue
+        total = None if s["step_us"] is None else s["step_us"] + s["allreduce_us"]
+        out.append({"model": s["model"], "dtype": s["dtype"], "path": s["path"], "batch": s["batch"],
+                    "prompt": s["length"], "moe_ms": _ms(s["moe_us"]), "step_ms": _ms(s["step_us"]),
+                    "allreduce_ms": _ms(s["allreduce_us"]), "ttft_ms": _ms(total), "moe_pct": _pct(s),
+                    "layer_vs": s.get("layer_vs"), "e2e_vs": s.get("e2e_vs"), "missing": s["missing"]})
+    return out
+
+
+def decode_records(steps: list[dict]) -> list[dict]:
+    """The decode table's records: per-token latency (ms) and tokens/s of the batch."""
+    out = []
+    for s in steps:
+        if s["phase"] != "decode":
+            continue
+        total = None if s["step_us"] is None else s["step_us"] + s["allreduce_us"]
+        out.append({"model": s["model"], "dtype": s["dtype"], "path": s["path"], "batch": s["batch"],
+                    "context": s["length"], "moe_ms": _ms(s["moe_us"]), "step_ms": _ms(s["step_us"]),
+                    "allreduce_ms": _ms(s["allreduce_us"]), "tpot_ms": _ms(total),
+                    "tok_s": None if not total else s["batch"] / (total * 1e-6), "moe_pct": _pct(s),
+                    "layer_vs": s.get("layer_vs"), "e2e_vs": s.get("e2e_vs"), "missing": s["missing"]})
+    return out
+
+
+def _pct(s: dict) -> float | None:
+    """The MoE layers' share of the measured step (all-reduces left out), in %."""
+    return None if s["step_us"] is None or s["moe_us"] is None else 100.0 * s["moe_us"] / s["step_us"]
+
+
+def stack_parts_us(rows: list[dict], point_key: tuple, path: str, layers: int) -> float | None:
+    """The sum of the parts a stack of ``layers`` MoE layers runs, each timed alone at the same point:
+    layers x (attention + router + moe + shared); None where one lacks a time."""
+    at = [r for r in rows if _key(r) == point_key and r["part"] in ("attention", "router", "moe", "shared")
+          and (r["part"] != "moe" or r["path"] == path)]
+    if not any(r["part"] == "moe" for r in at) or not all(_ok(r) for r in at):
+        return None
+    return layers * sum(r["time_us"] for r in at if r["count"])
+
+
+def stack_records(rows: list[dict]) -> list[dict]:
+    """The composition check's records: each stack's time beside the sum of its parts."""
+    out = []
+    for r in rows:
+        if r["part"] != "stack":
+            continue
+        ratio = _ratio(r["time_us"], r["parts_us"]) if r["time_us"] is not None else None
+        out.append({"model": r["model"], "dtype": r["dtype"], "path": r["path"], "phase": r["phase"],
+                    "batch": r["batch"], "length": r["length"], "stack_layers": r["stack_layers"],
+                    "stack_us": r["time_us"], "parts_us": r["parts_us"], "stack_vs_parts": ratio})
+    return out

@@ -1,0 +1,70 @@
+"""``moebench step`` on the CPU: a run folder on the tiny models, the tables printed for people and programs, and
+bad inputs refused in one line, exit 2, with nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import moebench_in_process
+
+from moebench.step.rows import STEP_COLUMNS
+
+SMALL = ("--prompt", "8", "--batch", "2", "--context", "16", "--stack", "2", "--no-progress")
+
+
+def test_step_writes_a_run_folder_and_prints_the_tables(tmp_path):
+    proc = moebench_in_process("step", "--model", "tiny-mla", "--vs", "torch", "--out", str(tmp_path), *SMALL)
+    assert proc.returncode == 0, proc.stderr
+    (run,) = tmp_path.iterdir()
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["kind"] == "step" and meta["status"] == "complete" and meta["interpreter"] is True
+    rows = [json.loads(line) for line in (run / "rows.jsonl").read_text().splitlines()]
+    assert all(set(STEP_COLUMNS) <= set(r) for r in rows)
+    parts = {(r["phase"], r["part"]) for r in rows}
+    for phase in ("prefill", "decode"):  # every part of an MLA model with a dense layer and a shared expert
+        for part in ("attention", "router", "moe", "shared", "dense_mlp", "head", "allreduce", "stack"):
+            assert (phase, part) in parts
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["status"] != "ok"]
+    assert [r["measured"] for r in rows if r["part"] == "allreduce"] == [False, False]
+    for title in ("ttft: tiny-mla fp16", "decode: tiny-mla fp16", "stack: tiny-mla fp16"):
+        assert title in proc.stdout
+    assert "not GPU performance" in proc.stdout and "absorbed form" in proc.stderr
+
+
+def test_step_json_for_programs(tmp_path):
+    proc = moebench_in_process("step", "--format", "json", "--out", str(tmp_path), *SMALL)  # tiny, the default
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    (ttft,) = doc["ttft"]
+    assert ttft["model"] == "tiny" and ttft["prompt"] == 8 and ttft["ttft_ms"] > 0 and ttft["missing"] is None
+    (dec,) = doc["decode"]
+    assert dec["batch"] == 2 and dec["context"] == 16 and dec["tok_s"] > 0
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--model", "nope"), "unknown model 'nope'"),
+    (("--model", "tiny", "--tp", "3"), "attention heads (4) is not divisible by --tp 3"),
+    (("--model", "deepseek-v3"), "without a GPU only tiny shapes run"),
+    (("--path", "torch", "--vs", "triton"), "--vs triton: not one of the paths run"),
+    (("--path", "cutlass"), "path 'cutlass' cannot run any point"),
+    (("--path", "nope"), "unknown path 'nope'"),
+    (("--batch", "0"), "--batch '0': expected positive integers"),
+    (("--context", "10000000000", "--batch", "64"), "needs"),  # the KV cache alone: more than this machine has
+])
+def test_step_refuses_in_one_line_and_writes_nothing(tmp_path, args, says):
+    out = tmp_path / "out"
+    proc = moebench_in_process("step", "--out", str(out), "--no-progress", *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], lines
+    assert not out.exists()
+
+
+def test_step_hf_config_missing_a_field(tmp_path):
+    cfg = {"hidden_size": 128, "num_hidden_layers": 2, "num_local_experts": 8, "num_experts_per_tok": 2,
+           "intermediate_size": 64, "num_attention_heads": 4}  # no vocab_size
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    proc = moebench_in_process("step", "--hf-config", str(tmp_path / "config.json"), "--out", str(out), *SMALL)
+    assert proc.returncode == 2 and "no vocab_size" in proc.stderr and not out.exists()
