@@ -24,13 +24,13 @@ from moebench.audit.fittime import GOAL_VS_TABLE, read_points, time_points
 from moebench.dtypes import DTYPES
 from moebench.errors import UserError
 from moebench.kernels.classic import default_config as classic_default
+from moebench.space.declared import VLLM_MS
 from moebench.store.runfolder import load_run
 from moebench.tables import lookup
 from moebench.tables.fitted import BORROW, CLASS_OF, Tuned, Where
 from moebench.tables.table import ConfigTable
 from moebench.tile import TileConfig
 from moebench.tune.served import SERVED, Served
-from moebench.tune.space import VLLM_MS
 
 ROOT = Path(__file__).resolve().parent.parent  # the tables' source runs are named from here
 SHIPPED = [Tuned.of_file(p) for p in sorted(lookup.SHIPPED_DIR.glob("moebench-tiles_*.json"))]

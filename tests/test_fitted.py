@@ -12,13 +12,13 @@ import pytest
 from moebench.dtypes import DTYPES
 from moebench.hardware import HOPPER
 from moebench.kernels.fused_moe import DeviceFacts, LayerShapes, launch_plan
+from moebench.space.declared import VLLM_MS
+from moebench.space.prune import OWN_RULES, RULES, Facts
 from moebench.tables import lookup
 from moebench.tables.fitted import CLASS_OF, SATURATED_SLOTS, Fit, Tuned, Where, fit_to, gemm2_smem_bytes
 from moebench.tables.table import ConfigTable
 from moebench.tile import TileConfig
-from moebench.tune.prune import OWN_RULES, RULES, Facts
 from moebench.tune.served import SERVED
-from moebench.tune.space import VLLM_MS
 
 SHIPPED = [Tuned.of_file(p) for p in sorted(lookup.SHIPPED_DIR.glob("moebench-tiles_*.json"))]
 FIT = Fit(SHIPPED)

@@ -17,11 +17,11 @@ import pytest
 from moebench.hardware import HOPPER
 from moebench.models import get_model
 from moebench.problem import Problem
+from moebench.space.declared import get_space
+from moebench.space.prune import Facts
 from moebench.tile import TileConfig
 from moebench.tune.candidates import Candidates
 from moebench.tune.costmodel import estimate_us
-from moebench.tune.prune import Facts
-from moebench.tune.space import get_space
 from moebench.tune.strategies import fast
 from moebench.workers.bench import Bench, Kept, PoolBench, Timed
 from moebench.workers.task import Outcome

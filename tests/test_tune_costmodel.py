@@ -12,9 +12,9 @@ import pytest
 from moebench.hardware import HOPPER
 from moebench.models import get_model, shard
 from moebench.problem import Problem
+from moebench.space.declared import get_space
+from moebench.space.prune import Facts, prune
 from moebench.tune.costmodel import estimate_us, rank
-from moebench.tune.prune import Facts, prune
-from moebench.tune.space import get_space
 
 SHAPES = {
     "qwen3-30b-a3b": lambda: get_model("qwen3-30b-a3b"),  # 128 experts, top 8

@@ -13,9 +13,9 @@ import pytest
 from moebench.hardware import HOPPER
 from moebench.models import get_model, shard
 from moebench.problem import Problem
-from moebench.tile import TileConfig
-from moebench.tune import prune as prune_module
-from moebench.tune.prune import (
+from moebench.space import prune as prune_module
+from moebench.space.declared import get_space
+from moebench.space.prune import (
     RULES,
     Facts,
     block_scale,
@@ -25,8 +25,8 @@ from moebench.tune.prune import (
     shared_memory,
     tall_tile,
 )
+from moebench.tile import TileConfig
 from moebench.tune.record import ENGINE
-from moebench.tune.space import get_space
 
 RECORDED = Path(__file__).parent / "data" / "h200-tune-exhaustive"  # screen times of exhaustive H200 tunes
 # The recordings, named by file, with the shape and dtype each tuned (as ``moebench tune`` builds them).

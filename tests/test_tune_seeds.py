@@ -12,17 +12,17 @@ from moebench.hardware import HOPPER
 from moebench.models import get_model, shard
 from moebench.paths.registry import get_path
 from moebench.problem import Problem
+from moebench.space.declared import VLLM_MS, get_space
+from moebench.space.prune import OWN_RULES, RULES, Facts, direct_many, quant_x, split_full, tma_rows
 from moebench.tile import TileConfig
 from moebench.tune import handpicked as handpicked_module
 from moebench.tune import seeds as seeds_module
 from moebench.tune.candidates import Candidates
 from moebench.tune.handpicked import candidates as handpicked
-from moebench.tune.prune import OWN_RULES, RULES, Facts, direct_many, quant_x, split_full, tma_rows
 from moebench.tune.replay import ReplayBench
 from moebench.tune.run import CHECK_PASSES, TuneRequest, _options
 from moebench.tune.seeds import SEED_RULES, float32_sum, known_seeds, quant_x_in_gemm1, seeded, swap_tall
 from moebench.tune.served import SERVED
-from moebench.tune.space import VLLM_MS, get_space
 from moebench.tune.strategies import fast
 
 QWEN = get_model("qwen3-30b-a3b")

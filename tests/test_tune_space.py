@@ -8,9 +8,9 @@ from math import prod
 import pytest
 
 from moebench.errors import UserError
+from moebench.space import declared as space_module
+from moebench.space.declared import Dim, get_space
 from moebench.tile import DEFAULTS, FIELDS, TileConfig
-from moebench.tune import space as space_module
-from moebench.tune.space import Dim, get_space
 
 # The ranges vLLM's benchmarks/kernels/benchmark_moe.py searches on CUDA (get_configs_compute_bound): a fact
 # about vLLM, not a result of moebench.

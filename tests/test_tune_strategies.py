@@ -18,12 +18,12 @@ from moebench.hardware import HOPPER, DeviceLimits
 from moebench.models import get_model, shard
 from moebench.paths.registry import get_path
 from moebench.problem import Problem
+from moebench.space.declared import get_space
+from moebench.space.prune import Facts
 from moebench.tile import TileConfig
 from moebench.tune.candidates import Candidates
-from moebench.tune.prune import Facts
 from moebench.tune.record import replay_times
 from moebench.tune.replay import ReplayBench
-from moebench.tune.space import get_space
 from moebench.tune.strategies import exhaustive, fast
 
 RECORDED = Path(__file__).parent / "data" / "h200-tune-exhaustive"  # screen times of exhaustive H200 tunes

@@ -155,8 +155,8 @@ def points(tables: Sequence[Tuned], device_name: str, entries=None, ms: Sequence
     where it has none); ``heuristic``; ``classic``, the engines' untuned default for the triton-classic path."""
     from moebench.dtypes import get_dtype
     from moebench.kernels.classic import default_config as classic_default
+    from moebench.space.declared import VLLM_MS
     from moebench.tune.served import SERVED
-    from moebench.tune.space import VLLM_MS
 
     fit = fit_of(tables, device_name)
     out = []

@@ -59,7 +59,7 @@ def one_shape(model, hf_config, experts, hidden, intermediate, topk, tp, ep, ver
 
 def token_counts(text: str | None) -> tuple[int, ...]:
     """--m as sorted distinct token counts; vLLM's tuner's 18 batch sizes where it is not given."""
-    from moebench.tune.space import VLLM_MS  # loads no torch
+    from moebench.space.declared import VLLM_MS  # loads no torch
 
     if text is None:
         return VLLM_MS

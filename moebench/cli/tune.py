@@ -25,8 +25,8 @@ from moebench.cli.console import (
 from moebench.cli.shape import one_shape, shape_options, token_counts
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
+from moebench.space.declared import SPACES
 from moebench.tables.formats import FORMATS as LAYOUTS
-from moebench.tune.space import SPACES
 from moebench.tune.strategies import DEFAULT as DEFAULT_STRATEGY
 from moebench.tune.strategies import STRATEGIES
 

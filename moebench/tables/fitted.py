@@ -44,7 +44,7 @@ MAX_DISTANCE = 3.0  # e.g. K and N both 8x apart, or experts touched 64x apart: 
 # more slots add whole tiles) each shipped H200 table keeps one main tile (128x128x64 w8 with GEMM1 merged at
 # 16-bit, 64x64x128 at fp8-block128), so a prefill point past every tuned one fits from the largest.
 SATURATED_SLOTS = 128
-# The pruning rules of the engine fields that say what cannot compile or run (``tune.prune.RULES``); with
+# The pruning rules of the engine fields that say what cannot compile or run (``space.prune.RULES``); with
 # ``OWN_RUNNABLE``, the rules a carried config must pass.
 COMPILES = ("block-scale", "shared-memory", "registers")
 
@@ -193,7 +193,7 @@ def fit_to(cfg: TileConfig, tuned_at: Where, where: Where, dtype: str,
 
     - K step: one scale block (128) at fp8-block128, else no longer than the shorter of the two GEMMs' K;
       tile widths no wider than the columns they cover;
-    - tile height: no taller than ``tune.prune``'s tall-tile rule keeps, tail tiles no shorter than 16 rows;
+    - tile height: no taller than ``space.prune``'s tall-tile rule keeps, tail tiles no shorter than 16 rows;
     - a tile per slot (and what needs it: x quantized by GEMM1, GEMM2's preload) only where slots are few
       against experts (the direct-many rule); GEMM1 quantizing x only at fp8-block128; TMA only on rows of a
       multiple of 16 bytes;
@@ -207,8 +207,8 @@ def fit_to(cfg: TileConfig, tuned_at: Where, where: Where, dtype: str,
       walks several partial column tiles (``gemm2_smem_bytes``); the result must pass every pruning rule
       that says what cannot compile or run (``COMPILES``, ``OWN_RUNNABLE``).
     """
-    from moebench.tune.prune import OWN_RUNNABLE, RULES, Facts, split_full, tall_tile
-    from moebench.tune.space import OWN_DIMS
+    from moebench.space.declared import OWN_DIMS
+    from moebench.space.prune import OWN_RUNNABLE, RULES, Facts, split_full, tall_tile
 
     klass = CLASS_OF[dtype]
     block128, nbytes = klass == "fp8-block128", OPERAND_BYTES[klass]

@@ -1,2 +1,2 @@
-"""Tuning: the declared space, pruning rules, cost model, strategies, the hand-picked candidates, a tune's run
+"""Tuning: over the declared space and its pruning rules (``space/``), the cost model, strategies, the hand-picked candidates, a tune's run
 and tune-tables over the served shapes."""

@@ -14,10 +14,10 @@ from dataclasses import replace
 from functools import cached_property
 
 from moebench.errors import UserError
+from moebench.space.declared import Space
+from moebench.space.prune import OWN_RULES, RULES, Facts, Rule, prune
 from moebench.tile import TileConfig
 from moebench.tune.costmodel import H200, Machine, rank
-from moebench.tune.prune import OWN_RULES, RULES, Facts, Rule, prune
-from moebench.tune.space import Space
 
 
 class Candidates:

@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from moebench.space.prune import Facts
 from moebench.tile import TileConfig
-from moebench.tune.prune import Facts
 
 
 @dataclass(frozen=True)

@@ -30,14 +30,14 @@ from moebench.models import MoEShape
 from moebench.paths.base import Target
 from moebench.paths.registry import get_path
 from moebench.problem import Problem, check_fits
+from moebench.space.declared import VLLM_MS, get_space
+from moebench.space.prune import OWN_RULES, OWN_RUNNABLE, RULES, Facts
 from moebench.store.best import BEST_FILE, BestFileError, read_best, write_best
 from moebench.store.resume import find_resumable, request_key, stop_on_sigterm, stopped_in
 from moebench.store.runfolder import RunWriter, ensure_out_dir, new_run_dir
 from moebench.tile import TileConfig
 from moebench.tune.candidates import Candidates
-from moebench.tune.prune import OWN_RULES, OWN_RUNNABLE, RULES, Facts
 from moebench.tune.seeds import known_seeds
-from moebench.tune.space import VLLM_MS, get_space
 from moebench.tune.strategies import DEFAULT, get_strategy
 from moebench.tune.traffic import under_traffic
 from moebench.workers.bench import Kept, PoolBench, Timed, timed_row

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from moebench.hardware import DeviceLimits
 from moebench.kernels.align import max_padded_len
 from moebench.problem import Problem
+from moebench.space.declared import group_values
 from moebench.tile import TileConfig, busy_slots
-from moebench.tune.space import group_values
 
 MAX_ACC_REGS = 255  # registers a thread may hold
 
