@@ -53,10 +53,11 @@ class NonNegative(click.ParamType):
 
 
 def err_console():
-    """Standard error for notes, warnings and progress (rich, imported when first needed)."""
+    """Standard error for notes, warnings and progress (rich, imported when first needed): the terminal's width,
+    or, where stderr is a file or a pipe (a CI log), wide enough that a progress line is not cut at 80 columns."""
     from rich.console import Console
 
-    return Console(stderr=True)
+    return Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=200)
 
 
 def note(text: str, style: str = "") -> None:
@@ -82,10 +83,17 @@ def records_text(records: list[dict], fmt: str) -> str:
 
 
 def out_console():
-    """Standard output for tables: the terminal's width, or wide enough not to crop columns in a pipe."""
+    """Standard output for tables: the terminal's width, or wide enough not to crop columns in a pipe. A reader
+    that stops (``| head``) raises ``BrokenPipeError`` to ``cli.main`` (exit 141, as a shell's own tools), where
+    rich alone would exit 1."""
     from rich.console import Console
 
-    return Console() if sys.stdout.isatty() else Console(width=200)
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return PipeConsole() if sys.stdout.isatty() else PipeConsole(width=200)
 
 
 def emit(text: str | None) -> None:

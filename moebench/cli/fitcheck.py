@@ -53,7 +53,7 @@ def _check_runs(runs) -> None:
               help="A run folder whose timings give ratios (repeatable); each table's own source run is read too.")
 @click.option("--points", "points_file", default=None, type=GivenPath(path_type=Path, dir_okay=False),
               help="Also write the points a GPU times (`moebench fit-time`): every served entry at vLLM's 18 M.")
-@click.option("--device", "device", default="NVIDIA H200", show_default=True,
+@click.option("--device-name", "--device", "device", default="NVIDIA H200", show_default=True,
               help="The device whose tables --points fits from.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 def fit_check(configs_dir, runs, points_file, device, fmt):

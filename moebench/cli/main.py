@@ -73,8 +73,11 @@ cli.add_command(models)
 
 def main() -> None:
     """The ``moebench`` entry point: every error a user can cause ends here as one line and exit status 2."""
+    if not sys.argv[1:]:  # bare `moebench`: its help, as `moebench --help` prints it
+        sys.argv.append("--help")
     try:
         code = cli.main(standalone_mode=False)
+        sys.stdout.flush()  # a reader that stopped (| head) is met here, not at exit
     except UserError as e:
         _fail(str(e))
     except click.exceptions.Abort as e:  # Ctrl-C or SIGTERM (click turns a KeyboardInterrupt into Abort)
@@ -91,6 +94,12 @@ def main() -> None:
         sys.exit(141)
     except OSError as e:  # a path the user named: --out a file, a read-only folder, an unreadable run...
         _fail(os_error_line(e))
+    except SystemExit:
+        from click.utils import PacifyFlushWrapper
+
+        if isinstance(sys.stdout, PacifyFlushWrapper):  # click met the broken pipe itself and exits 1
+            sys.exit(141)
+        raise
     sys.exit(code or 0)
 
 

@@ -307,8 +307,10 @@ def _merge(plan, shipped: Path, repeats: int, runs_dir: Path) -> dict:
 @click.option("--list", "list_only", is_flag=True,
               help="Print the entries (served shapes and dtypes, and the benchmark's unserved ones), then exit.")
 @click.option("--m", "ms", default=None, help="Token counts, comma list. [default: vLLM's 18: 1,2,4,...,3072,4096]")
-@click.option("--into", "into", default=Path("configs"), show_default=True, type=GivenPath(path_type=Path),
-              help="Folder the tables are written into (moebench/tables/shipped for the package's own).")
+@click.option("--configs", "--into", "into", default=Path("configs"), show_default=True,
+              type=GivenPath(path_type=Path),
+              help="Folder the tables are written into, as --configs reads them (moebench/tables/shipped for the "
+                   "package's own; --into is the older name).")
 @click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the tunes' run folders are created.")
 @GPUS_OPTION

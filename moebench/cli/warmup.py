@@ -56,7 +56,7 @@ def summary_line(plan, report) -> str:
 @click.option("--max-tokens", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Warm every launch the triton path makes for 1..N tokens (each M at the config the lookup "
                    "gives it), once per distinct launch.")
-@click.option("--jobs", type=click.IntRange(min=0), default=None,
+@click.option("--compile-jobs", "--jobs", "jobs", type=click.IntRange(min=0), default=None,
               help="Worker processes that compile; 0 compiles in this one. [default: cores - 1, at most 15]")
 @click.option("--cache-dir", type=GivenPath(path_type=Path, file_okay=False), default=None,
               help="Triton cache folder to compile into. [default: $TRITON_CACHE_DIR, else Triton's ~/.triton/cache]")

@@ -41,7 +41,8 @@ _POINT = ["model", "dtype", "M", "path"]
 # What the TTFT table's figure is and is not, printed with it wherever it is shown.
 TTFT_NOTE = ("moe_ttft_ms = MoE layers x one warm layer time at M = prompt length (align, GEMMs, activation, "
              "top-k sum). Excludes attention, the router, dense layers, communication, and compilation: a cold "
-             "start's compile cost is what `moebench trace` measures.")
+             "start's compile cost is what `moebench trace` measures; the model's TTFT is what `moebench step` "
+             "measures.")
 _PROMPT_MIN = 128  # default TTFT prompt lengths: the measured M at or above this (prefill-sized)
 
 
