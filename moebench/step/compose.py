@@ -109,33 +109,28 @@ def _ms(us: float | None) -> float | None:
     return None if us is None else us / 1000
 
 
+def _total_us(s: dict) -> float | None:
+    """A step's measured time with its modelled all-reduces; None where a part is missing."""
+    return None if s["step_us"] is None else s["step_us"] + s["allreduce_us"]
+
+
+def _record(s: dict, length: str, total: str, **extra) -> dict:
+    """One table record of step ``s``: its length under ``length``, its total time (ms) under ``total``."""
+    return {"model": s["model"], "dtype": s["dtype"], "path": s["path"], "batch": s["batch"], length: s["length"],
+            "moe_ms": _ms(s["moe_us"]), "step_ms": _ms(s["step_us"]), "allreduce_ms": _ms(s["allreduce_us"]),
+            total: _ms(_total_us(s)), **extra, "moe_pct": _pct(s), "layer_vs": s.get("layer_vs"),
+            "e2e_vs": s.get("e2e_vs"), "missing": s["missing"]}
+
+
 def ttft_records(steps: list[dict]) -> list[dict]:
     """The TTFT table's records: the prefill steps, in ms."""
-    out = []
-    for s in steps:
-        if s["phase"] != "prefill":
-            continue
-        total = None if s["step_us"] is None else s["step_us"] + s["allreduce_us"]
-        out.append({"model": s["model"], "dtype": s["dtype"], "path": s["path"], "batch": s["batch"],
-                    "prompt": s["length"], "moe_ms": _ms(s["moe_us"]), "step_ms": _ms(s["step_us"]),
-                    "allreduce_ms": _ms(s["allreduce_us"]), "ttft_ms": _ms(total), "moe_pct": _pct(s),
-                    "layer_vs": s.get("layer_vs"), "e2e_vs": s.get("e2e_vs"), "missing": s["missing"]})
-    return out
+    return [_record(s, "prompt", "ttft_ms") for s in steps if s["phase"] == "prefill"]
 
 
 def decode_records(steps: list[dict]) -> list[dict]:
     """The decode table's records: per-token latency (ms) and tokens/s of the batch."""
-    out = []
-    for s in steps:
-        if s["phase"] != "decode":
-            continue
-        total = None if s["step_us"] is None else s["step_us"] + s["allreduce_us"]
-        out.append({"model": s["model"], "dtype": s["dtype"], "path": s["path"], "batch": s["batch"],
-                    "context": s["length"], "moe_ms": _ms(s["moe_us"]), "step_ms": _ms(s["step_us"]),
-                    "allreduce_ms": _ms(s["allreduce_us"]), "tpot_ms": _ms(total),
-                    "tok_s": None if not total else s["batch"] / (total * 1e-6), "moe_pct": _pct(s),
-                    "layer_vs": s.get("layer_vs"), "e2e_vs": s.get("e2e_vs"), "missing": s["missing"]})
-    return out
+    return [_record(s, "context", "tpot_ms", tok_s=None if not (t := _total_us(s)) else s["batch"] / (t * 1e-6))
+            for s in steps if s["phase"] == "decode"]
 
 
 def _pct(s: dict) -> float | None:
