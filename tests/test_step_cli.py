@@ -68,3 +68,32 @@ def test_step_hf_config_missing_a_field(tmp_path):
     out = tmp_path / "out"
     proc = moebench_in_process("step", "--hf-config", str(tmp_path / "config.json"), "--out", str(out), *SMALL)
     assert proc.returncode == 2 and "no vocab_size" in proc.stderr and not out.exists()
+
+
+def _rows(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "rows.jsonl").read_text().splitlines()]
+
+
+def test_a_stopped_step_resumes_in_its_folder_and_runs_only_the_rows_it_lacks(tmp_path):
+    first = moebench_in_process("step", "--model", "tiny-mla", "--out", str(tmp_path), *SMALL)
+    assert first.returncode == 0, first.stderr
+    (run,) = tmp_path.iterdir()
+    full = _rows(run)
+    kept = len(full) // 2  # the first point's rows and part of the second's: a run stopped mid-point
+    assert full[kept - 1]["phase"] != full[kept]["phase"] or full[kept - 1]["part"] != "stack"
+    (run / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in full[:kept]))
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "status": "interrupted", "stopped_by": "SIGTERM"}))
+
+    again = moebench_in_process("step", "--model", "tiny-mla", "--out", str(tmp_path), *SMALL)
+    assert again.returncode == 0, again.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [run.name]  # the same folder, no second one
+    assert f"{kept} rows kept (previous status: interrupted)" in again.stderr
+    key = ("phase", "batch", "length", "part", "path")
+    resumed = _rows(run)
+    assert resumed[:kept] == full[:kept]  # the kept rows untouched
+    assert sorted(tuple(r[k] for k in key) for r in resumed) == sorted(tuple(r[k] for k in key) for r in full)
+    assert json.loads((run / "meta.json").read_text())["status"] == "complete"
+
+    fresh = moebench_in_process("step", "--model", "tiny-mla", "--out", str(tmp_path), "--fresh", *SMALL)
+    assert fresh.returncode == 0 and len(list(tmp_path.iterdir())) == 2  # --fresh: a new folder

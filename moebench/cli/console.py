@@ -67,6 +67,13 @@ def note(text: str, style: str = "") -> None:
     err_console().print(Text(text, style=style), soft_wrap=True)
 
 
+def note_resumed(run_dir, record: dict) -> None:
+    """The lines a resumed run prints: the reopening's warnings, then what was kept from which status."""
+    for w in record.get("warnings", []):
+        note(w)
+    note(f"resuming {run_dir}: {record['rows_kept']} rows kept (previous status: {record['previous_status']})")
+
+
 def records_text(records: list[dict], fmt: str) -> str:
     """``records`` (one dict per line, the same keys) as CSV or JSON for programs: stable columns, in order."""
     import csv

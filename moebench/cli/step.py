@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, GivenPath, NonNegative, emit, note, out_console, progress_bar
+from moebench.cli.console import FORMATS, GivenPath, NonNegative, emit, note, note_resumed, out_console, progress_bar
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
 
@@ -62,8 +62,10 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
 @click.option("--table", "which", default=None, type=click.Choice(TABLES),
               help="Print only this table (csv prints one table: ttft unless this says another).")
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
+@click.option("--fresh", is_flag=True,
+              help="Start a new run folder even where a stopped run of the same request under --out could resume.")
 def step(model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, batches, context, allreduce_gbps,
-         allreduce_us, stack_layers, seed, configs_dir, out_dir, fmt, which, progress):
+         allreduce_us, stack_layers, seed, configs_dir, out_dir, fmt, which, progress, fresh):
     """Measure one GPU's shard of a served model layer by layer (attention, router, the MoE layer per --path,
     shared expert, dense MLP, LM head), each checked against float32 and timed as sweeps time, and sum it over the
     model's layer counts: TTFT at --prompt lengths, decode latency and tokens/s at --batch sizes over --context,
@@ -84,6 +86,7 @@ def step(model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, batches
     from moebench.step.config import StepPoint, from_hf, get_step
     from moebench.step.rows import STEP_COLUMNS
     from moebench.step.run import StepRequest, run_step, validate
+    from moebench.store.resume import stop_on_sigterm
     from moebench.store.runfolder import check_out_dir
     from moebench.tables.lookup import check_dir
 
@@ -121,10 +124,11 @@ def step(model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, batches
         note("No CUDA GPU: the parts run on the CPU; their times check the composition runs, not GPU performance.",
              "yellow")
     bar = progress_bar(progress)
-    with bar:
+    with stop_on_sigterm(), bar:
         task = bar.add_task(f"step {cfg.name} {request.dtype}", total=None)
-        run_dir, rows = run_step(request, out_dir, target=target, on_row=lambda r: bar.update(
-            task, advance=1, description=f"{r['phase']} {r['batch']}x{r['length']} {r['part']}"))
+        run_dir, rows = run_step(request, out_dir, target=target, resume=not fresh, on_resume=note_resumed,
+                                 on_row=lambda r: bar.update(task, advance=1, description=f"{r['phase']} "
+                                                             f"{r['batch']}x{r['length']} {r['part']}"))
 
     steps = compose.compose(rows, vs)
     caption = "CPU interpreter: timings are not GPU performance" if target.interpreter else ""

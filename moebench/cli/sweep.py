@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from moebench.cli.console import FORMATS, GivenPath, note, out_console, progress_bar
+from moebench.cli.console import FORMATS, GivenPath, note, note_resumed, out_console, progress_bar
 from moebench.cli.report import TABLES, print_tables
 from moebench.dtypes import DTYPE_NAMES
 
@@ -120,13 +120,8 @@ def sweep(spec, models, hf_configs, experts, hidden, intermediate, topk, ms, dty
         def tuning(what: str, done: int, total: int) -> None:
             bar.update(task, description=f"tune: {what}", completed=done, total=total)
 
-        def resumed(run_dir: Path, record: dict) -> None:
-            for w in record.get("warnings", []):
-                note(w)
-            note(f"resuming {run_dir}: {record['rows_kept']} rows kept (previous status: {record['previous_status']})")
-
         run_dir = run_sweep(plan, out_dir, on_row=advanced, on_start=started, compile_jobs=compile_jobs, on_note=noted,
-                            resume=not fresh, on_resume=resumed, on_tune=tuning)
+                            resume=not fresh, on_resume=note_resumed, on_tune=tuning)
     _, df = load_run(run_dir)
     print_tables(df, fmt, out, which)
     note(f"run folder: {run_dir}")

@@ -72,7 +72,10 @@ def _rtol(act: torch.dtype) -> float:
 
 
 class Part:
-    """What every part holds: the config, the activation dtype, the device and a generator seeded per part."""
+    """What every part holds: the config, the activation dtype, the device and a generator seeded per part;
+    ``part`` names it as its rows do."""
+
+    part = ""
 
     def __init__(self, cfg: StepConfig, dtype: str, device: torch.device, seed: int, salt: int):
         self.cfg, self.dtype, self.device = cfg, dtype, device
@@ -110,6 +113,8 @@ class Part:
 
 class Attention(Part):
     """The attention block of one layer (GQA or MLA), this GPU's heads."""
+
+    part = "attention"
 
     def __init__(self, cfg: StepConfig, dtype: str, device: torch.device, seed: int, layer: int = 0):
         super().__init__(cfg, dtype, device, seed, 100 + layer)
@@ -174,12 +179,14 @@ class Attention(Part):
                 fn = ref = form(False)
                 notes = (MLA_PREFILL_NOTE,)
         out = torch.empty(M, cfg.hidden, device=self.device, dtype=self.act)
-        return self._prepared("attention", fn, t, nbytes, flops, out, notes, ref)
+        return self._prepared(self.part, fn, t, nbytes, flops, out, notes, ref)
 
 
 class Router(Part):
     """The router of one MoE layer: the post-attention RMSNorm, the gate over every expert (replicated under TP),
     softmax top-k. Its outputs are the MoE layer's inputs: ``normed`` [M, hidden], ``weights``/``ids`` [M, topk]."""
+
+    part = "router"
 
     def __init__(self, cfg: StepConfig, dtype: str, device: torch.device, seed: int, layer: int = 0):
         super().__init__(cfg, dtype, device, seed, 200 + layer)
@@ -219,6 +226,7 @@ class MLP(Part):
     def __init__(self, cfg: StepConfig, dtype: str, device: torch.device, seed: int, shared: bool, layer: int = 0):
         super().__init__(cfg, dtype, device, seed, (300 if shared else 400) + layer)
         self.shared = shared
+        self.part = "shared" if shared else "dense_mlp"
         inter = cfg.shared_intermediate if shared else cfg.dense_intermediate
         self.w = {"w13": _randn(self.gen, device, self.act, 2 * inter, cfg.hidden),
                   "w2": _randn(self.gen, device, self.act, cfg.hidden, inter)}
@@ -235,13 +243,15 @@ class MLP(Part):
             return layers.mlp(h, t["w13"], t["w2"])
 
         out = torch.empty(M, H, device=self.device, dtype=self.act)
-        return self._prepared("shared" if self.shared else "dense_mlp", fn, t, 3 * inter * H * b + 2 * M * H * b,
+        return self._prepared(self.part, fn, t, 3 * inter * H * b + 2 * M * H * b,
                               2 * M * 3 * inter * H, out)
 
 
 class Head(Part):
     """The final RMSNorm and the LM head [vocab / tp, hidden]: logits of each prompt's last token, or of every
     decoded token (the all-gather of the vocab shards is not modelled)."""
+
+    part = "head"
 
     def __init__(self, cfg: StepConfig, dtype: str, device: torch.device, seed: int):
         super().__init__(cfg, dtype, device, seed, 500)
@@ -259,7 +269,7 @@ class Head(Part):
 
         out = torch.empty(rows, cfg.vocab, device=self.device, dtype=self.act)
         nbytes = cfg.vocab * cfg.hidden * b + rows * (cfg.hidden + cfg.vocab) * b
-        return self._prepared("head", fn, t, nbytes, 2 * rows * cfg.hidden * cfg.vocab, out)
+        return self._prepared(self.part, fn, t, nbytes, 2 * rows * cfg.hidden * cfg.vocab, out)
 
 
 class MoE:

@@ -3,6 +3,9 @@ stack timed whole, rows appended to a run folder as they finish.
 
     StepRequest -> validate (paths, --vs, memory: UserError, nothing written) -> Model built once
         -> per point: shared parts, the MoE layer per path, the all-reduce row, the stack -> rows.jsonl
+
+A stopped run of the same request (``step_request``) resumes in its folder, as a sweep does: the rows it holds
+(``step_identity``) are kept and not run again.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from moebench.step.config import StepConfig, StepPoint
 from moebench.step.measure import measure_part, time_closure
 from moebench.step.rows import STEP_COLUMNS, blank_row
 from moebench.step.stack import Model
+from moebench.store.resume import find_resumable, request_key, stopped_in
 from moebench.store.runfolder import RunWriter, ensure_out_dir, new_run_dir
 
 
@@ -105,28 +109,48 @@ def stack_path(request: StepRequest) -> str:
     return (safe or list(request.paths))[0]
 
 
+def step_request(request: StepRequest, target: Target) -> dict:
+    """What a step run is asked to do, as plain data for ``request_key``: the request and the device; not where
+    its folder goes, nor how progress shows."""
+    return {"kind": "step", **asdict(request), "device": describe(target.interpreter)["device_name"],
+            "interpreter": target.interpreter}
+
+
+def step_identity(row: dict) -> tuple:
+    """What a step row is a measurement of, within its run: the point, the part and the path."""
+    return row["phase"], row["batch"], row["length"], row["part"], row["path"]
+
+
 def run_step(request: StepRequest, out_base: Path, on_row: Callable[[dict], None] | None = None,
-             target: Target | None = None) -> tuple[Path, list[dict]]:
-    """Run every point of ``request`` (validated first); return the run folder and its rows."""
+             target: Target | None = None, resume: bool = True,
+             on_resume: Callable[[Path, dict], None] | None = None) -> tuple[Path, list[dict]]:
+    """Run every point of ``request`` (validated first); return the run folder and its rows (a resumed folder's
+    kept rows first). With ``resume``, a stopped run of the same request under ``out_base`` is continued in its
+    folder and ``on_resume`` gets the folder and the record of the reopening; Ctrl-C or SIGTERM stop the run as an
+    ``Interrupted`` naming the folder."""
     target = target or Target.current()
     why = validate(request, target)
     cfg, dtype, device = request.config, request.dtype, target.device
+    key = request_key(step_request(request, target))
+    resumable = find_resumable(out_base, key) if resume else None  # refuses a folder a live process writes
     meta = describe(target.interpreter)
     meta.update(kind="step", model=cfg.name, dtype=dtype, config=asdict(cfg), paths=list(request.paths),
                 vs=request.vs, points=[asdict(p) for p in request.points], allreduce_gbps=request.allreduce_gbps,
                 allreduce_latency_us=request.allreduce_latency_us, stack_layers=request.stack_layers,
                 seed=request.seed, configs_dir=request.configs_dir, timing_method=run_method(target.interpreter),
-                counts=compose.counts(cfg))
+                counts=compose.counts(cfg), request=key)
     ceilings = None
     if device.type == "cuda" and not target.interpreter:
         ceilings = measure_ceilings()
         meta["ceilings"] = ceilings.as_dict()
     ensure_out_dir(out_base)
     model = Model(cfg, dtype, device, request.seed, request.stack_layers)
-    counts, rows = compose.counts(cfg), []
+    counts = compose.counts(cfg)
     base = {"model": cfg.name, "dtype": dtype, "interpreter": target.interpreter, "device": meta["device_name"]}
-    writer = RunWriter(new_run_dir(out_base, f"step-{cfg.name.replace('/', '-')}-{dtype}"), meta,
-                       columns=STEP_COLUMNS)
+    writer = RunWriter(resumable or new_run_dir(out_base, f"step-{cfg.name.replace('/', '-')}-{dtype}"), meta,
+                       resume=resumable is not None, columns=STEP_COLUMNS)
+    rows = list(writer.kept)
+    done = {step_identity(r) for r in rows}
     stopped: BaseException | None = None
 
     def keep(row: dict) -> None:
@@ -135,18 +159,24 @@ def run_step(request: StepRequest, out_base: Path, on_row: Callable[[dict], None
         if on_row:
             on_row(row)
 
+    def left(point: StepPoint, part: str, path: str | None = None) -> bool:
+        return (point.phase, point.batch, point.length, part, path) not in done
+
     try:
+        if writer.resumed and on_resume:
+            on_resume(writer.run_dir, writer.resumed)
         for point in request.points:
             at = blank_row(**base, phase=point.phase, batch=point.batch, length=point.length, tokens=point.tokens)
             attn, router, moe, shared = model.layers[0]
             parts = [attn, router, shared, model.dense, model.head]
-            for part in (p for p in parts if p is not None):
+            for part in (p for p in parts if p is not None and left(point, p.part)):
                 prepared = part.prepare(point)
                 keep(measure_part(prepared, {**at, "count": counts[prepared.part]}, target, ceilings))
                 del prepared
-            inputs = moe.inputs(point)
+            todo = [name for name in request.paths if left(point, "moe", name)]
+            inputs = moe.inputs(point) if todo else None
             ref = None
-            for name in request.paths:
+            for name in todo:
                 row = {**at, "part": "moe", "path": name, "count": counts["moe"], "measured": True}
                 if why[(name, point)]:
                     keep({**row, "status": "unsupported", "error": why[(name, point)]})
@@ -156,15 +186,20 @@ def run_step(request: StepRequest, out_base: Path, on_row: Callable[[dict], None
                 keep(measure_part(moe.prepare(point, name, inputs, ref, request.configs_dir), row, target, ceilings))
             del inputs, ref
             act_bytes = get_dtype(dtype).act_bytes
-            keep(compose.allreduce_row(cfg, point, cfg.name, dtype, act_bytes, request.allreduce_gbps,
-                                       request.allreduce_latency_us) | {k: base[k] for k in ("interpreter", "device")})
-            if request.stack_layers and not why[(stack_path(request), point)]:
+            if left(point, "allreduce"):
+                keep(compose.allreduce_row(cfg, point, cfg.name, dtype, act_bytes, request.allreduce_gbps,
+                                           request.allreduce_latency_us) | {k: base[k] for k in ("interpreter",
+                                                                                                  "device")})
+            name = stack_path(request)
+            if request.stack_layers and not why[(name, point)] and left(point, "stack", name):
                 keep(_stack_row(model, request, point, at, target, rows))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     except BaseException as e:
-        stopped = e
-        raise
+        stopped = stopped_in(e, writer.run_dir)
+        if stopped is e:
+            raise
+        raise stopped from e
     finally:
         writer.end(stopped)
     return writer.run_dir, rows
