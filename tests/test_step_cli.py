@@ -97,3 +97,57 @@ def test_a_stopped_step_resumes_in_its_folder_and_runs_only_the_rows_it_lacks(tm
 
     fresh = moebench_in_process("step", "--model", "tiny-mla", "--out", str(tmp_path), "--fresh", *SMALL)
     assert fresh.returncode == 0 and len(list(tmp_path.iterdir())) == 2  # --fresh: a new folder
+
+
+def _spec(tmp_path, text: str):
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_step_spec_runs_each_model_into_its_own_folder(tmp_path):
+    spec = _spec(tmp_path, "name: two\nprompt: [8]\nbatch: [2]\ncontext: 16\nstack: 0\nmodels:\n"
+                           "  - {model: tiny, dtype: fp16, paths: [torch]}\n"
+                           "  - {model: tiny-mla, dtype: fp32, paths: [torch], vs: torch}\n")
+    out = tmp_path / "out"
+    proc = moebench_in_process("step", spec, "--out", str(out), "--format", "json", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert len(doc["runs"]) == 2 and sorted(p.name.split("-step-")[1] for p in out.iterdir()) == [
+        "tiny-fp16", "tiny-mla-fp32"]
+    ttft = {(r["model"], r["dtype"], r["prompt"]) for r in doc["ttft"]}
+    assert ttft == {("tiny", "fp16", 8), ("tiny-mla", "fp32", 8)}
+    assert {(r["model"], r["batch"], r["context"]) for r in doc["decode"]} == {("tiny", 2, 16), ("tiny-mla", 2, 16)}
+    assert doc["stack"] == []  # stack: 0 in the spec
+    assert [r["e2e_vs"] for r in doc["ttft"] if r["model"] == "tiny-mla"] == [1.0]  # vs itself
+
+    again = moebench_in_process("step", spec, "--out", str(tmp_path / "o2"), "--prompt", "4", "--batch", "1",
+                                "--format", "json", "--no-progress")  # flags override the spec's points
+    assert again.returncode == 0, again.stderr
+    assert {r["prompt"] for r in json.loads(again.stdout)["ttft"]} == {4}
+
+
+@pytest.mark.parametrize("text, args, says", [
+    ("models: []\n", (), "models: a non-empty list"),
+    ("models:\n  - {model: tiny, flavour: x}\n", (), "unknown key 'flavour'"),
+    ("models:\n  - {model: tiny, hf_config: c.json}\n", (), "not both or neither"),
+    ("prompt: [0]\nmodels:\n  - {model: tiny}\n", (), "prompt: 0 is not an integer >= 1"),
+    ("models:\n  - {model: tiny}\n  - {model: no-such-model}\n", (), "no-such-model"),  # the second: nothing run
+    ("models:\n  - {model: tiny}\n", ("--model", "tiny"), "--model with a step spec"),
+])
+def test_a_bad_step_spec_is_refused_in_one_line_and_writes_nothing(tmp_path, text, args, says):
+    out = tmp_path / "out"
+    proc = moebench_in_process("step", _spec(tmp_path, text), "--out", str(out), "--no-progress", *args)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_shipped_h200_spec_names_the_four_models_at_their_served_shards():
+    from moebench.step.spec import find_step_spec, load_step_spec
+
+    spec = load_step_spec(find_step_spec("h200"))
+    assert [(e.model, e.tp, e.dtype) for e in spec.entries] == [
+        ("deepseek-v3", 8, "fp8-block128"), ("qwen3-30b-a3b", 1, "bf16"), ("mixtral-8x7b", 1, "fp8-tensor"),
+        ("gpt-oss-120b", 2, "bf16")]
+    assert spec.prompts == (128, 1024, 4096) and spec.batches == (1, 8, 64, 256) and spec.context == 4096
+    assert all(e.vs in e.paths for e in spec.entries)

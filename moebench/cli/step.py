@@ -1,5 +1,5 @@
-"""``moebench step``: the command over ``moebench.step.run.run_step`` (a model's shard at --tp in, a run folder and
-the TTFT, decode and composition tables out)."""
+"""``moebench step``: the command over ``moebench.step.run.run_step`` (a model's shard at --tp in, or several from a
+step spec; a run folder each and the TTFT, decode and composition tables out)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from moebench._interpret import interpreting
 from moebench.cli.console import FORMATS, GivenPath, NonNegative, emit, note, note_resumed, out_console, progress_bar
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
@@ -27,11 +28,13 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
 
 
 @click.command("step")
+@click.argument("spec", required=False)
 @click.option("--model", default=None, help="A preset with attention facts (mixtral-8x7b, deepseek-v3, qwen3-30b-a3b, "
                                             "qwen3-235b-a22b, gpt-oss-120b, gpt-oss-20b, llama-4-scout, kimi-k2, "
                                             "tiny, tiny-mla). [default without a GPU: tiny]")
 @click.option("--hf-config", type=GivenPath(path_type=Path), default=None, help="A Hugging Face config.json.")
-@click.option("--tp", default=1, show_default=True, help="Tensor-parallel degree: one GPU's shard is measured.")
+@click.option("--tp", type=click.IntRange(min=1), default=None,
+              help="Tensor-parallel degree: one GPU's shard is measured. [default: 1]")
 @click.option("--dtype", default=None, help=f"The MoE layer's dtype: {DTYPE_NAMES} (the other parts run in its "
                                             "activation dtype). [default: bf16; without a GPU fp16]")
 @click.option("--path", "paths", default=None,
@@ -40,8 +43,8 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
 @click.option("--vs", default=None, help="The path the others are compared against (layer_vs, e2e_vs).")
 @click.option("--prompt", "prompts", default=None,
               help=f"Prefill prompt lengths (TTFT). [default: {GPU_PROMPTS}; without a GPU {CPU_PROMPTS}]")
-@click.option("--prefill-batch", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Prompts prefilled together.")
+@click.option("--prefill-batch", type=click.IntRange(min=1), default=None,
+              help="Prompts prefilled together. [default: 1]")
 @click.option("--batch", "batches", default=None,
               help=f"Decode batch sizes. [default: {GPU_BATCHES}; without a GPU {CPU_BATCHES}]")
 @click.option("--context", type=click.IntRange(min=1), default=None,
@@ -51,41 +54,36 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
                    "[default: 450, NVLink 4: docs/step.md]")
 @click.option("--allreduce-us", type=NonNegative(), default=0.0, show_default=True,
               help="Latency of each modelled all-reduce (us).")
-@click.option("--stack", "stack_layers", type=click.IntRange(0, 64), default=4, show_default=True,
-              help="Layers of the composition check (timed whole against their parts); 0: none.")
+@click.option("--stack", "stack_layers", type=click.IntRange(0, 64), default=None,
+              help="Layers of the composition check (timed whole against their parts); 0: none. [default: 4]")
 @click.option("--seed", default=0, show_default=True, help="Seed of the weights and inputs.")
 @click.option("--configs", "configs_dir", type=GivenPath(path_type=Path), default=None,
               help="A folder of moebench tables the triton path's config per M is read from.")
 @click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
-              help="Where the run folder is created.")
+              help="Where the run folders are created.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--table", "which", default=None, type=click.Choice(TABLES),
               help="Print only this table (csv prints one table: ttft unless this says another).")
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
 @click.option("--fresh", is_flag=True,
               help="Start a new run folder even where a stopped run of the same request under --out could resume.")
-def step(model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, batches, context, allreduce_gbps,
+def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, batches, context, allreduce_gbps,
          allreduce_us, stack_layers, seed, configs_dir, out_dir, fmt, which, progress, fresh):
     """Measure one GPU's shard of a served model layer by layer (attention, router, the MoE layer per --path,
     shared expert, dense MLP, LM head), each checked against float32 and timed as sweeps time, and sum it over the
     model's layer counts: TTFT at --prompt lengths, decode latency and tokens/s at --batch sizes over --context,
     the MoE share of the step, and each path against --vs for the layer and end to end. Tensor parallelism's two
-    all-reduces per layer are modelled from --allreduce-gbps, in their own column. Without a GPU it runs on the
-    CPU (correctness only) on the tiny models."""
-    import json
-
-    import pandas as pd
-
-    from moebench._interpret import interpreting
+    all-reduces per layer are modelled from --allreduce-gbps, in their own column. SPEC (a YAML file, or a shipped
+    spec's name: h200) runs several models, one run folder each; --prompt, --batch, --context, --prefill-batch
+    and --stack override its points. Without a GPU it runs on the CPU (correctness only) on the tiny models."""
     from moebench.bench.interpreter import INTERPRETER_MAX_WEIGHTS, weight_elements
     from moebench.paths.base import Target
     from moebench.paths.registry import get_path
     from moebench.problem import check_seed
-    from moebench.report.tables import render
     from moebench.step import compose
     from moebench.step.config import StepPoint, from_hf, get_step
-    from moebench.step.rows import STEP_COLUMNS
     from moebench.step.run import StepRequest, run_step, validate
+    from moebench.step.spec import StepEntry, find_step_spec, load_step_spec
     from moebench.store.resume import stop_on_sigterm
     from moebench.store.runfolder import check_out_dir
     from moebench.tables.lookup import check_dir
@@ -93,65 +91,115 @@ def step(model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, batches
     check_seed(seed)
     target = Target.current()
     cpu = target.device.type != "cuda"
-    if model is not None and hf_config is not None:
-        raise UserError("give --model or --hf-config, not both")
-    if model is None and hf_config is None:
-        if not cpu:
-            raise UserError("step one model: give --model or --hf-config")
-        model = "tiny"
-    cfg = get_step(model, tp) if model is not None else from_hf(hf_config, tp)
-    if interpreting() and weight_elements(cfg.moe) > INTERPRETER_MAX_WEIGHTS:
-        raise UserError(f"without a GPU only tiny shapes run: {cfg.name} has {weight_elements(cfg.moe):,} MoE weight "
-                        f"elements, more than {INTERPRETER_MAX_WEIGHTS:,}; try --model tiny or tiny-mla")
-    names = tuple(dict.fromkeys(p.strip() for p in (paths or ("torch" if cpu else "triton,cutlass")).split(",")
-                                if p.strip()))
-    for n in names:
-        get_path(n)  # an unknown name: one line naming the known ones
-    points = tuple(StepPoint("prefill", prefill_batch, p) for p in _ints("--prompt", prompts or
-                                                                         (CPU_PROMPTS if cpu else GPU_PROMPTS)))
-    ctx = context or (CPU_CONTEXT if cpu else GPU_CONTEXT)
-    points += tuple(StepPoint("decode", b, ctx) for b in _ints("--batch", batches or (CPU_BATCHES if cpu
-                                                                                       else GPU_BATCHES)))
-    request = StepRequest(cfg, dtype or ("fp16" if cpu else "bf16"), names, points, vs=vs,
-                          allreduce_gbps=compose.DEFAULT_ALLREDUCE_GBPS if allreduce_gbps is None else allreduce_gbps,
-                          allreduce_latency_us=allreduce_us, stack_layers=stack_layers, seed=seed,
-                          configs_dir=None if configs_dir is None else str(check_dir(configs_dir)))
-    if request.allreduce_gbps == 0 and cfg.tp > 1:
-        raise UserError("--allreduce-gbps must be above 0 with --tp above 1")
-    validate(request, target)
+    if spec is not None:
+        given = [f for f, v in (("--model", model), ("--hf-config", hf_config), ("--tp", tp), ("--dtype", dtype),
+                                ("--path", paths), ("--vs", vs)) if v is not None]
+        if given:
+            raise UserError(f"{given[0]} with a step spec: the spec names each model's shard and paths")
+        plan = load_step_spec(find_step_spec(spec))
+        entries = plan.entries
+    else:
+        if model is not None and hf_config is not None:
+            raise UserError("give --model or --hf-config, not both")
+        if model is None and hf_config is None:
+            if not cpu:
+                raise UserError("step one model: give --model or --hf-config (or a step spec)")
+            model = "tiny"
+        plan = None
+        entries = (StepEntry(model, hf_config, tp or 1, dtype, None if paths is None else _names(paths), vs),)
+
+    def pick(flag, spec_value, default):
+        return flag if flag is not None else spec_value if spec_value is not None else default
+
+    prompt_lengths = _ints("--prompt", prompts) if prompts else pick(None, plan and plan.prompts,
+                                                                      _ints("--prompt", CPU_PROMPTS if cpu
+                                                                            else GPU_PROMPTS))
+    batch_sizes = _ints("--batch", batches) if batches else pick(None, plan and plan.batches,
+                                                                  _ints("--batch", CPU_BATCHES if cpu else GPU_BATCHES))
+    ctx = pick(context, plan and plan.context, CPU_CONTEXT if cpu else GPU_CONTEXT)
+    per_prefill = pick(prefill_batch, plan and plan.prefill_batch, 1)
+    points = tuple(StepPoint("prefill", per_prefill, p) for p in prompt_lengths)
+    points += tuple(StepPoint("decode", b, ctx) for b in batch_sizes)
+    gbps = compose.DEFAULT_ALLREDUCE_GBPS if allreduce_gbps is None else allreduce_gbps
+    configs = None if configs_dir is None else str(check_dir(configs_dir))
+
+    requests = []
+    for e in entries:  # every entry checked before any runs: a bad one writes nothing
+        cfg = get_step(e.model, e.tp) if e.model is not None else from_hf(e.hf_config, e.tp)
+        if interpreting() and weight_elements(cfg.moe) > INTERPRETER_MAX_WEIGHTS:
+            raise UserError(f"without a GPU only tiny shapes run: {cfg.name} has {weight_elements(cfg.moe):,} MoE "
+                            f"weight elements, more than {INTERPRETER_MAX_WEIGHTS:,}; try --model tiny or tiny-mla")
+        names = e.paths or _names("torch" if cpu else "triton,cutlass")
+        for n in names:
+            get_path(n)  # an unknown name: one line naming the known ones
+        request = StepRequest(cfg, e.dtype or ("fp16" if cpu else "bf16"), names, points, vs=e.vs,
+                              allreduce_gbps=gbps, allreduce_latency_us=allreduce_us,
+                              stack_layers=pick(stack_layers, plan and plan.stack, 4), seed=seed, configs_dir=configs)
+        if request.allreduce_gbps == 0 and cfg.tp > 1:
+            raise UserError("--allreduce-gbps must be above 0 with --tp above 1")
+        validate(request, target)
+        requests.append(request)
     check_out_dir(out_dir)
     if target.interpreter:
         note("No CUDA GPU: the parts run on the CPU; their times check the composition runs, not GPU performance.",
              "yellow")
     bar = progress_bar(progress)
+    done = []
     with stop_on_sigterm(), bar:
-        task = bar.add_task(f"step {cfg.name} {request.dtype}", total=None)
-        run_dir, rows = run_step(request, out_dir, target=target, resume=not fresh, on_resume=note_resumed,
-                                 on_row=lambda r: bar.update(task, advance=1, description=f"{r['phase']} "
-                                                             f"{r['batch']}x{r['length']} {r['part']}"))
+        for request in requests:
+            label = f"{request.config.name} {request.dtype}"
+            task = bar.add_task(f"step {label}", total=None)
+            done.append((request, *run_step(
+                request, out_dir, target=target, resume=not fresh, on_resume=note_resumed,
+                on_row=lambda r, t=task, x=label: bar.update(t, advance=1, description=f"{x} {r['phase']} "
+                                                             f"{r['batch']}x{r['length']} {r['part']}"))))
+    _print(done, fmt, which, target.interpreter)
 
-    steps = compose.compose(rows, vs)
-    caption = "CPU interpreter: timings are not GPU performance" if target.interpreter else ""
-    tables = {"ttft": pd.DataFrame(compose.ttft_records(steps), columns=compose.TTFT_COLUMNS),
-              "decode": pd.DataFrame(compose.decode_records(steps), columns=compose.DECODE_COLUMNS),
-              "stack": pd.DataFrame(compose.stack_records(rows), columns=compose.STACK_COLUMNS),
-              "parts": pd.DataFrame(rows, columns=list(STEP_COLUMNS))}
-    if fmt == "json":
-        chosen = [which] if which else ["ttft", "decode", "stack"]
-        emit(json.dumps({"run": str(run_dir), **{k: json.loads(render(tables[k], "json", k)) for k in chosen}},
-                        indent=2))
-    elif fmt == "csv":
-        emit(render(tables[which or "ttft"], "csv", which or "ttft"))
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+
+
+def _print(done: list, fmt: str, which: str | None, interpreter: bool) -> None:
+    """The tables of each finished run ``(request, run folder, rows)``: for people one set of tables a run, for
+    programs (csv, json) each table's records of all runs together."""
+    import json
+
+    import pandas as pd
+
+    from moebench.report.tables import render
+    from moebench.step import compose
+    from moebench.step.rows import STEP_COLUMNS
+
+    caption = "CPU interpreter: timings are not GPU performance" if interpreter else ""
+    per_run = []
+    for request, run_dir, rows in done:
+        steps = compose.compose(rows, request.vs)
+        per_run.append((request, run_dir, rows, {
+            "ttft": pd.DataFrame(compose.ttft_records(steps), columns=compose.TTFT_COLUMNS),
+            "decode": pd.DataFrame(compose.decode_records(steps), columns=compose.DECODE_COLUMNS),
+            "stack": pd.DataFrame(compose.stack_records(rows), columns=compose.STACK_COLUMNS),
+            "parts": pd.DataFrame(rows, columns=list(STEP_COLUMNS))}))
+    if fmt in ("json", "csv"):
+        chosen = ([which] if which else ["ttft", "decode", "stack"]) if fmt == "json" else [which or "ttft"]
+        joined = {k: pd.concat([t[k] for *_, t in per_run], ignore_index=True) for k in chosen}
+        if fmt == "csv":
+            emit(render(joined[chosen[0]], "csv", chosen[0]))
+        else:
+            emit(json.dumps({"runs": [str(r) for _, r, *_ in per_run],
+                             **{k: json.loads(render(joined[k], "json", k)) for k in chosen}}, indent=2))
     else:
         console = out_console()
         shown = {"parts": ["phase", "batch", "length", "part", "path", "count", "status", "rel_err", "time_us",
                            "pct_of_floor", "measured"]}
-        for name in [which] if which else ["ttft", "decode", "stack"]:
-            table = tables[name]
-            if name in shown:
-                table = table[shown[name]]
-            render(table.drop(columns=[c for c in ("model", "dtype") if c in table.columns]), "table",
-                   f"{name}: {cfg.name} {request.dtype}", console=console, caption=caption)
-        for line in sorted({r["note"] for r in rows if r["note"] and r["part"] != "stack"}):
-            note(f"note: {line}")
-    note(f"run folder: {run_dir}")
+        for request, _, rows, tables in per_run:
+            for name in [which] if which else ["ttft", "decode", "stack"]:
+                table = tables[name]
+                if name in shown:
+                    table = table[shown[name]]
+                render(table.drop(columns=[c for c in ("model", "dtype") if c in table.columns]), "table",
+                       f"{name}: {request.config.name} {request.dtype}", console=console, caption=caption)
+            for line in sorted({r["note"] for r in rows if r["note"] and r["part"] != "stack"}):
+                note(f"note: {line}")
+    for _, run_dir, *_ in per_run:
+        note(f"run folder: {run_dir}")
