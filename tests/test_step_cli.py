@@ -151,3 +151,28 @@ def test_the_shipped_h200_spec_names_the_four_models_at_their_served_shards():
         ("gpt-oss-120b", 2, "bf16")]
     assert spec.prompts == (128, 1024, 4096) and spec.batches == (1, 8, 64, 256) and spec.context == 4096
     assert all(e.vs in e.paths for e in spec.entries)
+
+
+def test_tile_sets_a_field_on_the_triton_paths_chosen_config_and_the_row_says_so(tmp_path):
+    proc = moebench_in_process("step", "--path", "triton,torch", "--tile", "swap_ab=on", "--out", str(tmp_path),
+                               *SMALL)
+    assert proc.returncode == 0, proc.stderr
+    (run,) = tmp_path.iterdir()
+    moe = [r for r in _rows(run) if r["part"] == "moe" and r["path"] == "triton"]
+    assert moe and all(r["config"]["swap_ab"] is True and r["config_source"].endswith("swap_ab=True set")
+                       for r in moe)
+    assert all(r["status"] == "ok" for r in moe), [r["error"] for r in moe]
+    assert json.loads((run / "meta.json").read_text())["tile_fields"] == {"swap_ab": True}
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--tile", "swap_ab"), "expected FIELD=VALUE"),
+    (("--tile", "colour=1"), "expected FIELD=VALUE"),
+    (("--tile", "swap_ab=maybe"), "swap_ab is true or false"),
+    (("--tile", "split_k=two"), "split_k is an integer"),
+    (("--tile", "swap_ab=off", "--path", "torch"), "--tile sets fields of the triton path's configs"),
+])
+def test_a_bad_tile_field_is_refused_in_one_line(tmp_path, args, says):
+    proc = moebench_in_process("step", "--out", str(tmp_path / "out"), *SMALL, *args)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()

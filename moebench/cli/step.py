@@ -59,6 +59,9 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
 @click.option("--seed", default=0, show_default=True, help="Seed of the weights and inputs.")
 @click.option("--configs", "configs_dir", type=GivenPath(path_type=Path), default=None,
               help="A folder of moebench tables the triton path's config per M is read from.")
+@click.option("--tile", "tile_set", multiple=True, metavar="FIELD=VALUE",
+              help="Set a field on each of the triton path's configs (as tables pick them), e.g. swap_ab=false: a "
+                   "variant of the chosen configs, compared across runs (`moebench compare`).")
 @click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folders are created.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
@@ -68,7 +71,7 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
 @click.option("--fresh", is_flag=True,
               help="Start a new run folder even where a stopped run of the same request under --out could resume.")
 def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, batches, context, allreduce_gbps,
-         allreduce_us, stack_layers, seed, configs_dir, out_dir, fmt, which, progress, fresh):
+         allreduce_us, stack_layers, seed, configs_dir, tile_set, out_dir, fmt, which, progress, fresh):
     """Measure one GPU's shard of a served model layer by layer (attention, router, the MoE layer per --path,
     shared expert, dense MLP, LM head), each checked against float32 and timed as sweeps time, and sum it over the
     model's layer counts: TTFT at --prompt lengths, decode latency and tokens/s at --batch sizes over --context,
@@ -122,6 +125,7 @@ def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, b
     points += tuple(StepPoint("decode", b, ctx) for b in batch_sizes)
     gbps = compose.DEFAULT_ALLREDUCE_GBPS if allreduce_gbps is None else allreduce_gbps
     configs = None if configs_dir is None else str(check_dir(configs_dir))
+    fields = _tile_fields(tile_set)
 
     requests = []
     for e in entries:  # every entry checked before any runs: a bad one writes nothing
@@ -132,9 +136,12 @@ def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, b
         names = e.paths or _names("torch" if cpu else "triton,cutlass")
         for n in names:
             get_path(n)  # an unknown name: one line naming the known ones
+        if fields and "triton" not in names:
+            raise UserError(f"--tile sets fields of the triton path's configs; {cfg.name} runs {', '.join(names)}")
         request = StepRequest(cfg, e.dtype or ("fp16" if cpu else "bf16"), names, points, vs=e.vs,
                               allreduce_gbps=gbps, allreduce_latency_us=allreduce_us,
-                              stack_layers=pick(stack_layers, plan and plan.stack, 4), seed=seed, configs_dir=configs)
+                              stack_layers=pick(stack_layers, plan and plan.stack, 4), seed=seed, configs_dir=configs,
+                              tile_fields=fields)
         if request.allreduce_gbps == 0 and cfg.tp > 1:
             raise UserError("--allreduce-gbps must be above 0 with --tp above 1")
         validate(request, target)
@@ -154,6 +161,34 @@ def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, b
                 on_row=lambda r, t=task, x=label: bar.update(t, advance=1, description=f"{x} {r['phase']} "
                                                              f"{r['batch']}x{r['length']} {r['part']}"))))
     _print(done, fmt, which, target.interpreter)
+
+
+def _tile_fields(pairs: tuple[str, ...]) -> tuple[tuple[str, object], ...]:
+    """--tile FIELD=VALUE pairs as (field, value): a field of moebench's tile config, a flag's value true/false
+    (on/off, 1/0), another's an integer."""
+    from dataclasses import fields
+
+    from moebench.errors import short
+    from moebench.tile import TileConfig
+
+    kinds = {f.name: f.type in ("bool", bool) for f in fields(TileConfig)}
+    out = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        name, text = name.strip(), text.strip().lower()
+        if not sep or name not in kinds:
+            raise UserError(f"--tile {short(pair)}: expected FIELD=VALUE with FIELD one of {', '.join(kinds)}")
+        if kinds[name]:
+            flags = {"true": True, "on": True, "1": True, "false": False, "off": False, "0": False}
+            if text not in flags:
+                raise UserError(f"--tile {short(pair)}: {name} is true or false")
+            out[name] = flags[text]
+        else:
+            try:
+                out[name] = int(text)
+            except ValueError:
+                raise UserError(f"--tile {short(pair)}: {name} is an integer") from None
+    return tuple(out.items())
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -290,11 +291,11 @@ class MoE:
         return MoEInputs(routed["normed"], routed["weights"], routed["ids"], self.weights)
 
     def prepare(self, point: StepPoint, path_name: str, inputs: MoEInputs, reference: torch.Tensor | None,
-                configs_dir=None) -> Prepared:
+                tiles: Tiles | None = None) -> Prepared:
         """The MoE layer through ``path_name`` on ``inputs`` (``reference``: their float32 output, shared by the
-        paths of one point; None for a stack, which is not checked)."""
+        paths of one point; None for a stack, which is not checked), its config as ``tiles`` picks it."""
         problem, path = self.problem(point), get_path(path_name)
-        config, source = tile_config(path, problem, configs_dir)
+        config, source = (tiles or Tiles()).pick(path, problem)
         fn = path.prepare(inputs, problem, config)
         out = torch.empty(point.tokens, self.cfg.hidden, device=self.device, dtype=problem.spec.act)
         touched, slots = inputs.experts_touched, inputs.local_slots
@@ -309,12 +310,23 @@ class MoE:
         return moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids)
 
 
-def tile_config(path, problem: Problem, configs_dir=None) -> tuple[TileConfig | None, str | None]:
-    """The tile config a tunable path runs with and where it came from, as a sweep picks it: moebench's kernel
-    from its tables (``tables.lookup``), the engines' form its default; None for a path without tiles."""
-    if not path.tunable:
-        return None, None
-    if path.name != "triton":
-        return path.default_config(problem), "heuristic"
-    chosen = lookup.for_problem(problem, path.default_config(problem), configs_dir)
-    return chosen.config, chosen.label
+@dataclass(frozen=True)
+class Tiles:
+    """Where the MoE paths' tile configs come from: moebench's kernel from its tables (``configs_dir`` first, as
+    a sweep looks), the engines' form its default; ``fields`` set on each of moebench's configs ((name, value)
+    pairs, e.g. ``swap_ab`` off) run a variant of the chosen config, and its source says so."""
+
+    configs_dir: str | None = None
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    def pick(self, path, problem: Problem) -> tuple[TileConfig | None, str | None]:
+        """The tile config ``path`` runs ``problem`` with and where it came from; None for a path without tiles."""
+        if not path.tunable:
+            return None, None
+        if path.name != "triton":
+            return path.default_config(problem), "heuristic"
+        chosen = lookup.for_problem(problem, path.default_config(problem), self.configs_dir)
+        if not self.fields:
+            return chosen.config, chosen.label
+        config = TileConfig.from_dict({**chosen.config.as_dict(), **dict(self.fields)})
+        return config, f"{chosen.label}, " + ", ".join(f"{k}={v} set" for k, v in self.fields)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,6 +28,7 @@ from moebench.problem import Problem, memory_bytes
 from moebench.step import compose
 from moebench.step.config import StepConfig, StepPoint
 from moebench.step.measure import measure_part, time_closure
+from moebench.step.parts import Tiles
 from moebench.step.rows import STEP_COLUMNS, blank_row
 from moebench.step.stack import Model
 from moebench.store.resume import find_resumable, request_key, stopped_in
@@ -45,6 +47,11 @@ class StepRequest:
     stack_layers: int = 4  # 0: no composition check
     seed: int = 0
     configs_dir: str | None = None
+    tile_fields: tuple[tuple[str, Any], ...] = ()  # set on each of moebench's configs (--tile NAME=VALUE)
+
+    @property
+    def tiles(self) -> Tiles:
+        return Tiles(self.configs_dir, self.tile_fields)
 
     def problem(self, point: StepPoint) -> Problem:
         return Problem(self.config.moe, point.tokens, self.dtype, seed=self.seed)
@@ -137,7 +144,8 @@ def run_step(request: StepRequest, out_base: Path, on_row: Callable[[dict], None
     meta.update(kind="step", model=cfg.name, dtype=dtype, config=asdict(cfg), paths=list(request.paths),
                 vs=request.vs, points=[asdict(p) for p in request.points], allreduce_gbps=request.allreduce_gbps,
                 allreduce_latency_us=request.allreduce_latency_us, stack_layers=request.stack_layers,
-                seed=request.seed, configs_dir=request.configs_dir, timing_method=run_method(target.interpreter),
+                seed=request.seed, configs_dir=request.configs_dir,
+                tile_fields=dict(request.tile_fields) or None, timing_method=run_method(target.interpreter),
                 counts=compose.counts(cfg), request=key)
     ceilings = None
     if device.type == "cuda" and not target.interpreter:
@@ -183,7 +191,7 @@ def run_step(request: StepRequest, out_base: Path, on_row: Callable[[dict], None
                     continue
                 if ref is None and not get_path(name).baseline:
                     ref = moe.reference(inputs)
-                keep(measure_part(moe.prepare(point, name, inputs, ref, request.configs_dir), row, target, ceilings))
+                keep(measure_part(moe.prepare(point, name, inputs, ref, request.tiles), row, target, ceilings))
             del inputs, ref
             act_bytes = get_dtype(dtype).act_bytes
             if left(point, "allreduce"):
@@ -209,7 +217,7 @@ def _stack_row(model: Model, request: StepRequest, point: StepPoint, at: dict, t
                rows: list[dict]) -> dict:
     """The composition check at ``point``: the stack timed whole, beside the sum of its parts' rows."""
     name = stack_path(request)
-    run, graph_safe, h = model.stack(point, name, request.configs_dir)
+    run, graph_safe, h = model.stack(point, name, request.tiles)
     t = time_closure(run, graph_safe, target)
     key = (at["model"], at["dtype"], point.phase, point.batch, point.length)
     layers = len(model.layers)

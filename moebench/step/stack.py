@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from moebench.step.config import StepConfig, StepPoint
-from moebench.step.parts import MLP, Attention, Head, MoE, Router
+from moebench.step.parts import MLP, Attention, Head, MoE, Router, Tiles
 
 
 class Model:
@@ -31,7 +31,7 @@ class Model:
         return (Attention(cfg, dtype, device, seed, i), Router(cfg, dtype, device, seed, i),
                 MoE(cfg, dtype, device, seed, i), shared)
 
-    def stack(self, point: StepPoint, path_name: str, configs_dir=None):
+    def stack(self, point: StepPoint, path_name: str, tiles: Tiles | None = None):
         """The closure running every layer at ``point`` with the MoE layer through ``path_name``, whether it is
         graph-safe, and its output h [tokens, hidden]."""
         first = self.layers[0][0]
@@ -43,7 +43,7 @@ class Model:
             r = router.prepare(point, h)
             a.run()  # the router's outputs hold real routing before the MoE layer is prepared on them
             r.run()
-            m = moe.prepare(point, path_name, moe.inputs(point, r.extra), None, configs_dir)
+            m = moe.prepare(point, path_name, moe.inputs(point, r.extra), None, tiles)
             s = shared.prepare(point, r.extra["normed"]) if shared is not None else None
             graph_safe = graph_safe and m.graph_safe
             steps.append((a, r, m, s))
