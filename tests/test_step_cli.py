@@ -176,3 +176,11 @@ def test_a_bad_tile_field_is_refused_in_one_line(tmp_path, args, says):
     proc = moebench_in_process("step", "--out", str(tmp_path / "out"), *SMALL, *args)
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_an_empty_prompt_list_runs_decode_only(tmp_path):
+    proc = moebench_in_process("step", "--prompt", "", "--batch", "2", "--context", "16", "--stack", "0",
+                               "--out", str(tmp_path), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    (run,) = tmp_path.iterdir()
+    assert {r["phase"] for r in _rows(run)} == {"decode"}

@@ -42,11 +42,11 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
                    "without a GPU torch]")
 @click.option("--vs", default=None, help="The path the others are compared against (layer_vs, e2e_vs).")
 @click.option("--prompt", "prompts", default=None,
-              help=f"Prefill prompt lengths (TTFT). [default: {GPU_PROMPTS}; without a GPU {CPU_PROMPTS}]")
+              help=f"Prefill prompt lengths (TTFT); '' for none. [default: {GPU_PROMPTS}; without a GPU {CPU_PROMPTS}]")
 @click.option("--prefill-batch", type=click.IntRange(min=1), default=None,
               help="Prompts prefilled together. [default: 1]")
 @click.option("--batch", "batches", default=None,
-              help=f"Decode batch sizes. [default: {GPU_BATCHES}; without a GPU {CPU_BATCHES}]")
+              help=f"Decode batch sizes; '' for none. [default: {GPU_BATCHES}; without a GPU {CPU_BATCHES}]")
 @click.option("--context", type=click.IntRange(min=1), default=None,
               help=f"Decode context: tokens in the KV cache. [default: {GPU_CONTEXT}; without a GPU {CPU_CONTEXT}]")
 @click.option("--allreduce-gbps", type=NonNegative(), default=None,
@@ -114,10 +114,10 @@ def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, b
     def pick(flag, spec_value, default):
         return flag if flag is not None else spec_value if spec_value is not None else default
 
-    prompt_lengths = _ints("--prompt", prompts) if prompts else pick(None, plan and plan.prompts,
+    prompt_lengths = _ints("--prompt", prompts) if prompts is not None else pick(None, plan and plan.prompts,
                                                                       _ints("--prompt", CPU_PROMPTS if cpu
                                                                             else GPU_PROMPTS))
-    batch_sizes = _ints("--batch", batches) if batches else pick(None, plan and plan.batches,
+    batch_sizes = _ints("--batch", batches) if batches is not None else pick(None, plan and plan.batches,
                                                                   _ints("--batch", CPU_BATCHES if cpu else GPU_BATCHES))
     ctx = pick(context, plan and plan.context, CPU_CONTEXT if cpu else GPU_CONTEXT)
     per_prefill = pick(prefill_batch, plan and plan.prefill_batch, 1)
