@@ -1,6 +1,7 @@
 """The commands that read run folders: ``report`` (tables, ``--html``), ``compare`` (two runs, a baseline
 gate, or variants within a run) and ``plot``. Each loads its runs once (``moebench.report.runs``) and hands them
-to library functions, so every output of a run comes from the same rows."""
+to library functions, so every output of a run comes from the same rows. Step runs (``moebench step``) get the
+step's own tables and comparison (``moebench.report.steps``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 import click
 
 from moebench.cli.console import FORMATS, GivenPath, NonNegative, emit, note, out_console
+from moebench.report.steps import STEP_TABLES
 
-TABLES = ("throughput", "ttft", "tuned", "cold_start")
+SWEEP_TABLES = ("throughput", "ttft", "tuned", "cold_start")
+TABLES = tuple(dict.fromkeys([*SWEEP_TABLES, *STEP_TABLES]))
 
 
 def load_runs(paths):
@@ -46,7 +49,8 @@ def print_tables(df, fmt: str, out, which: str | None = None, traces=(), tuned=N
         if which not in tables:
             from moebench.errors import UserError
 
-            needs = {"tuned": "a tune's run folder, with its best.json"}.get(which, "a trace run folder")
+            needs = {"tuned": "a tune's run folder, with its best.json", "cold_start": "a trace run folder"}.get(
+                which, "a step run folder")
             raise UserError(f"--table {which}: no run named has that table (it needs {needs})")
         tables = {which: tables[which]}
     if fmt == "table":
@@ -71,12 +75,50 @@ def print_tables(df, fmt: str, out, which: str | None = None, traces=(), tuned=N
         note(line)
 
 
+def print_step_tables(tables: dict, fmt: str, out, which: str | None = None, head: dict | None = None,
+                      notes=()) -> None:
+    """A step's tables (``report.steps.step_tables``): ttft, decode and stack, or ``which``. For people, titled
+    with the model and dtype (their columns left out where there is one of each), ``notes`` under them on
+    stderr; CSV is one table (ttft unless ``which`` says another); JSON holds the tables under their names, after
+    ``head`` (e.g. the run folder)."""
+    import json
+
+    from moebench.report import steps
+    from moebench.report.tables import render
+
+    chosen = [which] if which else list(steps.SHOWN)
+    if fmt == "json":
+        emit(json.dumps({**(head or {}), **{k: json.loads(render(tables[k], "json", k)) for k in chosen}}, indent=2))
+    elif fmt == "csv":
+        emit(render(tables[which or "ttft"], "csv", which or "ttft"))
+    else:
+        label, single = steps.title_label(tables)
+        for name in chosen:
+            render(steps.people_view(tables[name], single), "table", f"{name}: {label}", console=out,
+                   caption=tables[name].attrs.get("caption") or "")
+        for line in notes:
+            note(f"note: {line}")
+
+
+def _report_steps(loaded, fmt: str, which: str | None) -> None:
+    """``report`` of step runs: the tables ``moebench step`` prints, of every run named taken together."""
+    from moebench.errors import UserError
+    from moebench.report import steps
+
+    if which is not None and which not in STEP_TABLES:
+        raise UserError(f"--table {which}: a step run has the tables {', '.join(STEP_TABLES)}")
+    tables = steps.run_tables(loaded.steps)
+    rows = [r for run in loaded.steps for r in steps.records(run)]
+    print_step_tables(tables, fmt, out_console(), which, notes=steps.notes(rows))
+
+
 @click.command()
 @click.argument("runs", nargs=-1, required=True, type=GivenPath(path_type=Path))
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
 @click.option("--table", "which", type=click.Choice(TABLES), default=None,
-              help="Print only this table (csv prints one table: throughput unless this names another; "
-                   "cold_start needs a trace run folder).")
+              help="Print only this table (csv prints one table: throughput, or ttft for step runs, unless this "
+                   "names another; cold_start needs a trace run folder, decode, stack and parts a step run "
+                   "folder).")
 @click.option("--gains", is_flag=True,
               help="Instead: per triton point, best config and the Swap-AB, fp8 and vs-cutlass gains (and the "
                    "git commit of its run, where the runs named differ). GPU runs only.")
@@ -89,11 +131,15 @@ def print_tables(df, fmt: str, out, which: str | None = None, traces=(), tuned=N
               help="With --peer: the field of each line that holds the peer's time in us (e.g. vllm_gemms_us).")
 def report(runs, fmt, which, gains, html_out, peer_file, peer_field):
     """Print the tables of one or more run folders (rows taken together; each row keeps the floor of its
-    own run's ceilings). A folder of run folders (a baseline) counts as its runs."""
+    own run's ceilings). A folder of run folders (a baseline) counts as its runs. Step run folders (moebench
+    step, named only with step runs) print the step's TTFT, decode, stack and parts tables."""
     from moebench.errors import UserError
     from moebench.report import tables as rep
 
     loaded = load_runs(runs)
+    if loaded.steps and (gains or peer_file is not None):
+        raise UserError(f"{'--gains' if gains else '--peer'} reads a sweep's MoE-layer points; step runs hold a "
+                        "model's steps (their tables set the paths side by side: layer_vs, e2e_vs)")
     df = loaded.rows
     if html_out is not None:
         from moebench.report.page import write_html
@@ -103,6 +149,8 @@ def report(runs, fmt, which, gains, html_out, peer_file, peer_field):
     if peer_file is not None:
         _peer(df, peer_file, peer_field, fmt, runs)
         return
+    if loaded.steps:
+        return _report_steps(loaded, fmt, which)
     if not gains:
         from moebench.report.tuned import tuned_table
 
@@ -159,7 +207,10 @@ def compare(runs, by, base_variant, fmt, threshold, fail_pct, fail_on_slower):
 
     BASE may be a folder of several runs of one sweep (a baseline, results/baselines/...): its points take
     the median of its runs and its noise includes the spread between them. CPU-interpreter runs are
-    compared for correctness only (CORRECT / BROKEN / FIXED / INCORRECT)."""
+    compared for correctness only (CORRECT / BROKEN / FIXED / INCORRECT).
+
+    Step runs (moebench step) are compared step by step: each path's TTFT or per-token time at each point,
+    its noise the spread of its parts' timings."""
     from moebench.errors import UserError
     from moebench.report import compare as cmp
 
@@ -172,6 +223,10 @@ def compare(runs, by, base_variant, fmt, threshold, fail_pct, fail_on_slower):
     if base_variant is not None:
         raise UserError("--base goes with --by")
     base_runs, new_runs = load_runs(runs[:1]), load_runs(runs[1:])
+    if base_runs.steps or new_runs.steps:
+        if fail_pct is not None or fail_on_slower:
+            raise UserError("the gate (--fail-slower, --fail-on-slower) reads sweeps; compare step runs without it")
+        return _compare_steps(base_runs, new_runs, runs, fmt, threshold)
     base_df, new_df = base_runs.rows, new_runs.rows
     cmp.check_comparable(base_df, new_df)  # an interpreter run against a GPU run: one error, no warning first
     if fail_on_slower and fail_pct is None:
@@ -187,6 +242,29 @@ def compare(runs, by, base_variant, fmt, threshold, fail_pct, fail_on_slower):
     _show(table, fmt, title)
     if fmt == "table" and len(only := cmp.unmatched(base_df, new_df)):
         note(f"{len(only)} point(s) present in one run only")
+
+
+def _compare_steps(base_runs, new_runs, names, fmt: str, threshold: float) -> None:
+    """``compare BASE NEW`` of step runs: per composed step, the two sides' times and a verdict against noise
+    (``report.steps``); interpreter runs, the check only."""
+    from moebench.errors import UserError
+    from moebench.report import compare as cmp
+    from moebench.report import steps
+
+    if not (base_runs.steps and new_runs.steps):
+        step, other = (names[0], names[1]) if base_runs.steps else (names[1], names[0])
+        raise UserError(f"{step} holds step runs (moebench step) and {other} none: compare step runs with step runs")
+    base, new = steps.step_points(base_runs.steps), steps.step_points(new_runs.steps)
+    cmp.check_comparable(base, new)
+    if w := cmp.device_mismatch(base, new):
+        note(f"warning: {w}")
+    if cmp.is_interpreter(base):
+        table, title = steps.check_steps(base, new), f"Correctness (CPU interpreter): {names[0]} -> {names[1]}"
+    else:
+        table, title = steps.compare_steps(base, new, min_threshold=threshold), f"steps: {names[0]} -> {names[1]}"
+    _show(table, fmt, title)
+    if fmt == "table" and len(only := steps.unmatched_steps(base, new)):
+        note(f"{len(only)} step(s) with a time in one run only")
 
 
 def _show(table, fmt: str, title: str) -> None:
@@ -220,7 +298,13 @@ def _gate(base_df, new_df, runs, fail_pct: float, threshold: float, fmt: str, ba
 def _compare_within(run: Path, by: str, base_variant, fmt: str, threshold: float) -> None:
     from moebench.report.variants import compare_within
 
-    df = load_runs([run]).rows
+    loaded = load_runs([run])
+    if loaded.steps:
+        from moebench.errors import UserError
+
+        raise UserError(f"--by compares a sweep's variants; {run} is a step run, whose tables set its paths side by "
+                        "side (layer_vs, e2e_vs against --vs)")
+    df = loaded.rows
     table = compare_within(df, by, base_variant, min_threshold=threshold)
     _show(table, fmt, f"{run}: by {by}, against {table['base'].iloc[0]}")  # never empty: compare_within refuses
 
@@ -231,7 +315,8 @@ def _compare_within(run: Path, by: str, base_variant, fmt: str, threshold: float
               help="Folder the PNG charts are written to.")
 def plot(runs, out_dir):
     """Draw PNG charts of one or more run folders: time and % of floor versus M, the gains, a tune's
-    table against the defaults, the MoE share of TTFT; for CPU-interpreter runs, their check only."""
+    table against the defaults, the MoE share of TTFT; for CPU-interpreter runs, their check only. Step run
+    folders: each step's composition (its parts' times x their counts) per path and point."""
     from moebench.report.charts import write_charts
 
     for path in write_charts(load_runs(runs), out_dir):

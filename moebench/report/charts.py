@@ -3,8 +3,9 @@
 ``charts(runs)`` builds the charts the rows support, in a fixed order: layer time and share of the roofline
 floor versus M (``report.throughput_table``), the triton path's speed-ups (``report.gains_table``), a tune's
 gain over the untuned default (``tuned_table``, read from its ``best.json``), the MoE share of time-to-first-token
-(``report.prefill_ttft_table``) and, for CPU-interpreter rows, their error against the float32 reference: their
-timings say nothing about a GPU, so they get no timing chart. Every caption says where the rows were measured
+(``report.prefill_ttft_table``), for CPU-interpreter rows their error against the float32 reference (their
+timings say nothing about a GPU, so they get no timing chart), the compile events of trace runs and the composition
+of step runs' steps (``step_chart``). Every caption says where the rows were measured
 (``Runs.machine_line``) and, under GPU timings, how they were timed. Matplotlib is used through ``Figure`` only
 (no pyplot): no global state, nothing shown on a screen.
 """
@@ -28,6 +29,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatter, NullLoc
 from moebench.errors import UserError
 from moebench.report import tables as report
 from moebench.report.runs import Run, Runs
+from moebench.report.step_chart import step_chart
 from moebench.report.trace_chart import trace_chart
 from moebench.report.tuned import TUNED_COLUMNS, tuned_table
 from moebench.store.best import BEST_FILE
@@ -80,7 +82,7 @@ class _Series:
 
 def charts(runs: Runs) -> list[Chart]:
     """The charts ``runs`` has data for, in a fixed order: time, floor, gains, tuned, ttft, check, compiles
-    (``plot_trace``: the compile events of trace runs)."""
+    (``trace_chart``: the compile events of trace runs), step (``step_chart``: step runs' composition)."""
     df = runs.rows
     if "status" not in df.columns:
         df = pd.DataFrame(columns=["status", "interpreter"])
@@ -107,6 +109,8 @@ def charts(runs: Runs) -> list[Chart]:
         out.append(_check_chart(report.throughput_table(cpu), cpu_runs))
     if (compiles := trace_chart(runs)) is not None:
         out.append(Chart("compiles", *compiles))
+    if runs.steps and (step := step_chart(runs)) is not None:
+        out.append(Chart("step", *step))
     return [c for c in out if c is not None]
 
 
@@ -346,7 +350,8 @@ def write_charts(runs: Runs, out_dir: Path) -> list[Path]:
     made = charts(runs)
     if not made:
         names = ", ".join(r.label for r in runs.runs) or "no runs"
-        raise UserError(f"nothing to chart in {names}: no ok GPU rows, no interpreter check, no tune's {BEST_FILE}")
+        raise UserError(f"nothing to chart in {names}: no ok GPU rows, no interpreter check, no tune's {BEST_FILE}, "
+                        "no step with a time")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

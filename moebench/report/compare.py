@@ -15,6 +15,7 @@ noise, or ok in the base and failed in the new run; runs of different GPUs or pr
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -137,15 +138,17 @@ def combined_noise(a: pd.DataFrame, b: pd.DataFrame, min_threshold: float) -> pd
     return band.clip(lower=min_threshold).where(known)
 
 
-def compare_runs(base: pd.DataFrame, new: pd.DataFrame, min_threshold: float = 0.03) -> pd.DataFrame:
-    """Join the two sides' ok points on KEY and give each a verdict (``judge``).
+def compare_runs(base: pd.DataFrame, new: pd.DataFrame, min_threshold: float = 0.03,
+                 key: Sequence[str] = KEY) -> pd.DataFrame:
+    """Join the two sides' ok points on ``key`` (a sweep's KEY, or a step's point and path) and give each a
+    verdict (``judge``).
 
     ``ratio = new_us / base_us``; ``noise`` is ``combined_noise`` of the two sides at that point.
     """
     if not 0 <= min_threshold < math.inf:  # nan too
         raise UserError(f"noise threshold {min_threshold} must be a finite number >= 0")
     check_comparable(base, new)
-    key = list(KEY)
+    key = list(key)
     cmp = point_times(base, key).merge(point_times(new, key), on=key, how="inner", suffixes=("_b", "_n"))
     side = {s: cmp[[f"{c}_{s}" for c in ("within", "between")]].set_axis(["within", "between"], axis=1)
             for s in ("b", "n")}
@@ -153,7 +156,8 @@ def compare_runs(base: pd.DataFrame, new: pd.DataFrame, min_threshold: float = 0
     cmp["ratio"] = cmp["new_us"] / cmp["base_us"]
     cmp["noise"] = combined_noise(side["b"], side["n"], min_threshold)
     cmp["verdict"] = judge(cmp["ratio"], cmp["noise"])
-    return cmp.sort_values(key, kind="stable")[COMPARE_COLUMNS].reset_index(drop=True)
+    columns = [*key, *COMPARE_COLUMNS[len(KEY):]]
+    return cmp.sort_values(key, kind="stable")[columns].reset_index(drop=True)
 
 
 def point_correct(df: pd.DataFrame, key: list[str]) -> pd.DataFrame:
@@ -170,31 +174,31 @@ def check_verdicts(base_correct, new_correct) -> list[str]:
     return [CHECK_VERDICTS[(bool(b), bool(n))] for b, n in zip(base_correct, new_correct)]
 
 
-def check_table(base: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
-    """Interpreter runs: per point both ran, whether each side passed its check and a verdict
+def check_table(base: pd.DataFrame, new: pd.DataFrame, key: Sequence[str] = KEY) -> pd.DataFrame:
+    """Interpreter runs: per point (``key``) both ran, whether each side passed its check and a verdict
     (CHECK_VERDICTS: CORRECT, BROKEN, FIXED, INCORRECT). No speed is compared."""
-    key = list(KEY)
+    key = list(key)
     b, n = point_correct(base, key), point_correct(new, key)
     out = b.merge(n, on=key, how="inner", suffixes=("_b", "_n"))
     out["base_correct"], out["new_correct"] = out["correct_b"].astype(bool), out["correct_n"].astype(bool)
     out["verdict"] = check_verdicts(out["base_correct"], out["new_correct"])
-    return out.sort_values(key, kind="stable")[CHECK_COLUMNS].reset_index(drop=True)
+    return out.sort_values(key, kind="stable")[[*key, *CHECK_COLUMNS[len(KEY):]]].reset_index(drop=True)
 
 
-def unmatched(base: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
-    """Points with an ok timing in only one run; ``only_in`` says which ("base" or "new").
+def unmatched(base: pd.DataFrame, new: pd.DataFrame, key: Sequence[str] = KEY) -> pd.DataFrame:
+    """Points (``key``) with an ok timing in only one run; ``only_in`` says which ("base" or "new").
 
     A point that failed (incorrect, error, unsupported) in one run shows up here
     as present only in the other.
     """
-    key = list(KEY)
+    key = list(key)
     b = point_times(base, key)[key]
     n = point_times(new, key)[key]
     both = b.merge(n, on=key, how="outer", indicator=True)
     side = both["_merge"].map({"left_only": "base", "right_only": "new", "both": None})
     out = both.assign(only_in=side.astype(object))
     out = out[out["only_in"].notna()]
-    return out.sort_values(key, kind="stable")[UNMATCHED_COLUMNS].reset_index(drop=True)
+    return out.sort_values(key, kind="stable")[[*key, "only_in"]].reset_index(drop=True)
 
 
 def point_label(r) -> str:

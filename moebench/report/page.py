@@ -4,7 +4,8 @@ The page opens from disk with nothing fetched: inline CSS, no scripts, charts as
 cell goes through ``report.format_cell`` and every table comes from ``moebench.report.tables``'s functions, so the
 page and the CLI print the same figures; all text taken from rows or metadata is escaped. For a run on the
 CPU interpreter the page leads with the warning that its timings are not GPU performance, and its table
-shows the check against the float32 reference (``attrs["people_columns"]``) instead of throughput.
+shows the check against the float32 reference (``attrs["people_columns"]``) instead of throughput. Step runs
+(``moebench step``) get the step's tables (``report.steps``), as the command prints them.
 """
 
 from __future__ import annotations
@@ -135,7 +136,9 @@ def _plural(n: int, noun: str) -> str:
 def _counts(runs: Runs) -> str:
     """What the runs hold: benchmark rows (sweeps, tunes) and traced requests, each where there are any."""
     requests = sum(len(r.rows) for r in runs.traces)
-    parts = [_plural(len(runs.rows), "row")] if len(runs.rows) or not requests else []
+    step_parts = sum(len(r.rows) for r in runs.steps)
+    parts = [_plural(len(runs.rows), "row")] if len(runs.rows) or not (requests or step_parts) else []
+    parts += [_plural(step_parts, "step part row")] if step_parts else []
     return ", ".join(parts + ([_plural(requests, "traced request")] if requests else []))
 
 
@@ -147,6 +150,8 @@ def _header(runs: Runs, page_dir: Path | None) -> str:
     when = f"{_when(starts[0])} to {_when(ends[-1])}" if starts and ends else _when(starts[0] if starts else None)
     sweeps = list(dict.fromkeys(str(r.meta["sweep"]) for r in runs.runs if r.meta.get("sweep")))
     what = f"sweep {', '.join(sweeps)}; " if sweeps else ""
+    models = list(dict.fromkeys(f"{r.meta.get('model')} {r.meta.get('dtype')}" for r in runs.steps))
+    what += f"step {', '.join(models)}; " if models else ""
     parts = [f"<h1>moebench: {_e(', '.join(labels) or 'no runs')}</h1>",
              f'<p class="lede">{len(labels)} run{"s" * (len(labels) != 1)}, {_e(_counts(runs))}; {_e(what)}'
              f"ran {_e(when)}; commit {_e(', '.join(commits))}; on {_e(', '.join(runs.devices))}</p>"]
@@ -212,6 +217,17 @@ def _method(runs: Runs) -> str:
     else:
         timing = "".join(f"<li><b>Timing</b> of {_e(', '.join(labels))}: {_e(m)}.</li>"
                          for m, labels in methods.items())
+    if runs.steps:
+        return (f"<ul>{timing}<li><b>Checked first</b>: each part of the step (attention, router, the MoE layer per "
+                "path, shared expert, dense MLP, LM head) is run against a float32 run of the same computation, "
+                "within its dtype's tolerance, then timed (the torch MoE path is the reference and is not "
+                "checked).</li><li><b>Composed</b>: a step's time is each part's time x how many of it the model "
+                "runs (<code>count</code>), summed; the tensor-parallel all-reduces are modelled from a bus "
+                "bandwidth, in their own column. <code>moe_pct</code>: the MoE layers' share of the measured "
+                "step; <code>layer_vs</code> and <code>e2e_vs</code>: the <code>--vs</code> path's MoE layer and "
+                "step time over this path's (above 1: this path is faster). A step lacking a part has no time and "
+                "names it (<code>missing</code>). The <code>stack</code> table times real consecutive layers whole "
+                "beside the sum of their parts.</li></ul>")
     if runs.rows.empty and runs.traces:  # traces only: requests replayed, no checked point, floor or layer time
         return (f"<ul>{timing}<li>Each trace replays its requests through the MoE layer and records when each "
                 "one's kernels compiled and ran: the cold-start table below.</li></ul>")
@@ -253,7 +269,27 @@ def _caption(table: pd.DataFrame) -> str:
     return f'<p class="note"><b>{_e(cap)}</b></p>' if cap else ""
 
 
+def _step_tables(runs: Runs) -> str:
+    """The step runs' tables as ``moebench step`` prints them (``report.steps``), and what their parts model."""
+    from moebench.report import steps
+
+    tables = steps.run_tables(runs.steps)
+    label, single = steps.title_label(tables)
+    titles = {"ttft": "Time to first token", "decode": "Decode: time per output token and tokens/s",
+              "stack": "Composition check: layers timed whole against their parts", "parts": "The parts"}
+    out = []
+    for name in steps.STEP_TABLES:
+        out += [f"<h3>{_e(titles[name])} ({_e(name)}: {_e(label)})</h3>",
+                table_html(steps.people_view(tables[name], single)), _caption(tables[name])]
+    lines = steps.notes([r for run in runs.steps for r in steps.records(run)])
+    if lines:
+        out.append("<ul class=note>" + "".join(f"<li>{_e(line)}</li>" for line in lines) + "</ul>")
+    return "\n".join(out)
+
+
 def _tables(runs: Runs, tuned: pd.DataFrame | None) -> str:
+    if runs.steps:
+        return _step_tables(runs)
     df = runs.rows
     cold = []
     if runs.traces:

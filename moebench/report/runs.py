@@ -4,6 +4,10 @@ Tables (``report.tables``), comparisons (``report.compare``), charts (``report.c
 HTML page (``report.page``) all take a ``Runs``, so what they show comes from the same rows and
 cannot disagree. A path named on the command line is a run folder, or a folder of run folders (a
 baseline made of several runs of the same sweep, ``results/baselines/...``).
+
+A run is of one kind (``Run.kind``): a sweep's or tune's rows are benchmark points (``Runs.rows``), a trace's
+are requests (``Runs.traces``), a step's are the parts of a model's step (``Runs.steps``, read by
+``report.steps``). Step runs are read only with step runs: their rows share no point with the others'.
 """
 
 from __future__ import annotations
@@ -14,17 +18,24 @@ from pathlib import Path
 import pandas as pd
 
 from moebench.errors import UserError
+from moebench.step.rows import PARTS, STEP_COLUMNS
 from moebench.store.best import best_path
 from moebench.store.runfolder import (
     META_FILE,
     ROW_COLUMNS,
     ROWS_FILE,
     load_run,
+    read_meta,
     read_rows,
     rows_file,
     schema_warning,
     status_warning,
 )
+
+KINDS = ("sweep", "trace", "step")  # a tune's folder is of kind "sweep": its rows are benchmark rows
+# The fields a step row must carry for its step to be composed (``step.compose``).
+_STEP_NEEDS = ("model", "dtype", "phase", "batch", "length", "part", "path", "count", "measured", "status",
+               "time_us")
 
 
 @dataclass(frozen=True)
@@ -41,8 +52,9 @@ class Run:
 
     @property
     def kind(self) -> str:
-        """"trace" for a ``moebench trace`` folder (a row per request), else "sweep" (sweeps and tunes)."""
-        return "trace" if self.meta.get("kind") == "trace" else "sweep"
+        """"trace" for a ``moebench trace`` folder (a row per request), "step" for a ``moebench step`` folder (a
+        row per part of the model's step at a point), else "sweep" (sweeps and tunes)."""
+        return _kind(self.meta)
 
     @property
     def interpreter(self) -> bool:
@@ -71,9 +83,15 @@ class Runs:
         return [r for r in self.runs if r.kind == "trace"]
 
     @property
+    def steps(self) -> list[Run]:
+        """The step runs (``moebench step``): their rows are a model's parts, read by ``report.steps``."""
+        return [r for r in self.runs if r.kind == "step"]
+
+    @property
     def rows(self) -> pd.DataFrame:
-        """The benchmark rows of every sweep and tune run (trace runs' requests are in ``traces``)."""
-        frames = [r.rows for r in self.runs if r.kind != "trace"]
+        """The benchmark rows of every sweep and tune run (trace runs' requests are in ``traces``, step runs'
+        parts in ``steps``)."""
+        frames = [r.rows for r in self.runs if r.kind == "sweep"]
         df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*ROW_COLUMNS, "run", "commit"])
         df.attrs["warnings"] = list(self.warnings)
         return df
@@ -146,13 +164,41 @@ def run_folders(path: Path) -> list[Path]:
     raise UserError(f"{path} is not a moebench run folder ({needs}) nor a folder of run folders")
 
 
+def _kind(meta: dict) -> str:
+    return meta.get("kind") if meta.get("kind") in KINDS else "sweep"
+
+
+def check_step_row(record: dict) -> str | None:
+    """Why a record of a step run's rows.jsonl is no step row (a field ``step.compose`` reads is missing, or an
+    unknown part), or None."""
+    if missing := [c for c in _STEP_NEEDS if c not in record]:
+        return f"field '{missing[0]}' is missing (not a moebench step row)"
+    if record["part"] not in PARTS:
+        return f"part {record['part']!r} is none of {', '.join(PARTS)} (not a moebench step row)"
+    return None
+
+
+def _read(path: Path) -> tuple[dict, pd.DataFrame]:
+    """(meta, rows) of a run folder: a sweep's or tune's through ``load_run`` (its rows checked as benchmark
+    rows); a trace's requests as they are; a step's parts checked as step rows, every column of STEP_COLUMNS
+    present and None kept None (``step.compose`` reads the records back)."""
+    meta_path = path / META_FILE
+    meta = read_meta(meta_path) if meta_path.is_file() and rows_file(path).is_file() else {}
+    if (kind := _kind(meta)) == "sweep":
+        return load_run(path)  # the folder's errors (no rows file, ...) are load_run's
+    records, torn = read_rows(rows_file(path), check_step_row if kind == "step" else None)
+    if kind == "trace":  # a row per request, not the benchmark's columns
+        df = pd.DataFrame(records)
+    else:
+        columns = list(dict.fromkeys([*STEP_COLUMNS, *(k for r in records for k in r)]))
+        df = pd.DataFrame([[r.get(c) for c in columns] for r in records], columns=columns, dtype=object)
+    df.attrs["warnings"] = torn
+    return meta, df
+
+
 def load_one(path: Path) -> tuple[Run, list[str]]:
     """A run folder as a ``Run`` and the warnings to show with it (schema, status, a torn last row)."""
-    meta, df = load_run(path)
-    if meta.get("kind") == "trace":  # a row per request, not the benchmark's columns
-        records, torn = read_rows(rows_file(Path(path)))
-        df = pd.DataFrame(records)
-        df.attrs["warnings"] = torn
+    meta, df = _read(Path(path))
     warnings = [w for w in (schema_warning(meta, str(path)), status_warning(meta, str(path), len(df))) if w]
     warnings += df.attrs.get("warnings", [])
     df = df.assign(run=Path(path).name, commit=meta.get("git_commit"))
@@ -165,7 +211,8 @@ def load(paths: list[Path] | tuple[Path, ...]) -> Runs:
 
     A run with no rows (an empty rows.jsonl; a tune's choice in best.json counts as a row) gets a warning;
     runs that together hold none are a UserError: every command that reads runs needs rows to read. So is a run
-    named twice (itself and the folder it is in, say): its rows would count twice.
+    named twice (itself and the folder it is in, say): its rows would count twice. So are step runs named with
+    runs of another kind: a step's parts and a sweep's points are no one table.
     """
     runs, warnings, seen = [], [], {}  # seen: each run folder, resolved -> as named
     for p in paths:
@@ -178,6 +225,10 @@ def load(paths: list[Path] | tuple[Path, ...]) -> Runs:
             warnings += w
             if run.empty:
                 warnings.append(f"warning: run {folder}: no rows ({rows_file(folder).name} is empty)")
+    steps, others = [r for r in runs if r.kind == "step"], [r for r in runs if r.kind != "step"]
+    if steps and others:
+        raise UserError(f"{steps[0].path} is a step run (moebench step) and {others[0].path} a {others[0].kind} run: "
+                        "step runs are read only with step runs; name them in separate commands")
     if all(run.empty for run in runs):
         names = ", ".join(str(p) for p in paths)
         raise UserError(f"{names}: no rows: the run recorded no point ({ROWS_FILE} is empty), nothing to read")
