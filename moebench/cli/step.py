@@ -8,11 +8,11 @@ from pathlib import Path
 import click
 
 from moebench._interpret import interpreting
-from moebench.cli.console import FORMATS, GivenPath, NonNegative, emit, note, note_resumed, out_console, progress_bar
+from moebench.cli.console import FORMATS, GivenPath, NonNegative, note, note_resumed, out_console, progress_bar
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
+from moebench.report.steps import STEP_TABLES
 
-TABLES = ("ttft", "decode", "stack", "parts")
 GPU_PROMPTS, GPU_BATCHES, GPU_CONTEXT = "128,1024,4096", "1,8,64,256", 4096
 CPU_PROMPTS, CPU_BATCHES, CPU_CONTEXT = "16,32", "1,4", 64  # the interpreter's: seconds, not minutes
 
@@ -65,7 +65,7 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
 @click.option("--out", "out_dir", default=Path("results"), show_default=True, type=GivenPath(path_type=Path),
               help="Where the run folders are created.")
 @click.option("--format", "fmt", default="table", show_default=True, type=click.Choice(FORMATS))
-@click.option("--table", "which", default=None, type=click.Choice(TABLES),
+@click.option("--table", "which", default=None, type=click.Choice(STEP_TABLES),
               help="Print only this table (csv prints one table: ttft unless this says another).")
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
 @click.option("--fresh", is_flag=True,
@@ -160,7 +160,7 @@ def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, b
                 request, out_dir, target=target, resume=not fresh, on_resume=note_resumed,
                 on_row=lambda r, t=task, x=label: bar.update(t, advance=1, description=f"{x} {r['phase']} "
                                                              f"{r['batch']}x{r['length']} {r['part']}"))))
-    _print(done, fmt, which, target.interpreter)
+    _print(done, fmt, which)
 
 
 def _tile_fields(pairs: tuple[str, ...]) -> tuple[tuple[str, object], ...]:
@@ -195,46 +195,20 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
 
 
-def _print(done: list, fmt: str, which: str | None, interpreter: bool) -> None:
+def _print(done: list, fmt: str, which: str | None) -> None:
     """The tables of each finished run ``(request, run folder, rows)``: for people one set of tables a run, for
     programs (csv, json) each table's records of all runs together."""
-    import json
-
     import pandas as pd
 
-    from moebench.report.tables import render
-    from moebench.step import compose
-    from moebench.step.rows import STEP_COLUMNS
+    from moebench.cli.report import print_step_tables
+    from moebench.report.steps import notes, step_tables
 
-    caption = "CPU interpreter: timings are not GPU performance" if interpreter else ""
-    per_run = []
-    for request, run_dir, rows in done:
-        steps = compose.compose(rows, request.vs)
-        per_run.append((request, run_dir, rows, {
-            "ttft": pd.DataFrame(compose.ttft_records(steps), columns=compose.TTFT_COLUMNS),
-            "decode": pd.DataFrame(compose.decode_records(steps), columns=compose.DECODE_COLUMNS),
-            "stack": pd.DataFrame(compose.stack_records(rows), columns=compose.STACK_COLUMNS),
-            "parts": pd.DataFrame(rows, columns=list(STEP_COLUMNS))}))
+    per_run = [(run_dir, rows, step_tables(rows, request.vs)) for request, run_dir, rows in done]
     if fmt in ("json", "csv"):
-        chosen = ([which] if which else ["ttft", "decode", "stack"]) if fmt == "json" else [which or "ttft"]
-        joined = {k: pd.concat([t[k] for *_, t in per_run], ignore_index=True) for k in chosen}
-        if fmt == "csv":
-            emit(render(joined[chosen[0]], "csv", chosen[0]))
-        else:
-            emit(json.dumps({"runs": [str(r) for _, r, *_ in per_run],
-                             **{k: json.loads(render(joined[k], "json", k)) for k in chosen}}, indent=2))
+        joined = {k: pd.concat([t[k] for *_, t in per_run], ignore_index=True) for k in per_run[0][2]}
+        print_step_tables(joined, fmt, None, which, head={"runs": [str(r) for r, *_ in per_run]})
     else:
-        console = out_console()
-        shown = {"parts": ["phase", "batch", "length", "part", "path", "count", "status", "rel_err", "time_us",
-                           "pct_of_floor", "measured"]}
-        for request, _, rows, tables in per_run:
-            for name in [which] if which else ["ttft", "decode", "stack"]:
-                table = tables[name]
-                if name in shown:
-                    table = table[shown[name]]
-                render(table.drop(columns=[c for c in ("model", "dtype") if c in table.columns]), "table",
-                       f"{name}: {request.config.name} {request.dtype}", console=console, caption=caption)
-            for line in sorted({r["note"] for r in rows if r["note"] and r["part"] != "stack"}):
-                note(f"note: {line}")
-    for _, run_dir, *_ in per_run:
+        for _, rows, tables in per_run:
+            print_step_tables(tables, fmt, out_console(), which, notes=notes(rows))
+    for run_dir, *_ in per_run:
         note(f"run folder: {run_dir}")
