@@ -175,6 +175,23 @@ def test_path_is_registered_and_refuses_bf16_under_the_interpreter():
     assert PATH.supports(_problem(8, 128, 64, 2, 4, "fp16"), cpu) is None
 
 
+def test_the_down_path_runs_its_config_on_gemm2_alone(monkeypatch):
+    """triton-classic-down (SGLang's ``_down`` tables): GEMM1 at the engines' default, GEMM2 at the config with
+    GEMM1's BLOCK_SIZE_M (both read one align, as SGLang runs them); the layer matches the reference."""
+    down = get_path("triton-classic-down")
+    problem = _problem(6, 96, 48, 2, 33, "fp16")  # M > E: the default is 64 x 64 x 32
+    config = TileConfig(16, 32, 64, 2, 4, 2)
+    default = PATH.default_config(problem)
+    assert config.BLOCK_SIZE_M != default.BLOCK_SIZE_M  # the precondition: GEMM2's BLOCK_SIZE_M is set
+    seen: list[TileConfig] = []
+    gemm = classic._gemm
+    monkeypatch.setattr(classic, "_gemm", lambda *args: seen.append(args[-1]) or gemm(*args))
+    result = check_point(down, problem, make_inputs(problem, DEVICE, draw=1), config)
+    assert result.correct, f"rel. error {result.rel_err}"
+    assert seen[:2] == [default, replace(config, BLOCK_SIZE_M=default.BLOCK_SIZE_M)]
+    assert down.default_config(problem) == default
+
+
 def test_grouped_gemm_does_not_specialize_token_counts():
     """The two arguments that change with M (T and the grid's row-tile bound) are do_not_specialize, and the
     declared names are real parameters (Triton ignores a misspelled one)."""

@@ -95,6 +95,8 @@ def _own_table(p: Path) -> str:
     (lambda p: str(shipped_file(p, name=vllm.file_name(16, 14336, "NVIDIA H200", "bf16"))), "another shape"),
     (lambda p: str(shipped_file(p, name=vllm.file_name(8, 14336, "NVIDIA H100", "bf16"))), "another shape"),
     (lambda p: _own_table(p), "a moebench table of the triton kernel"),
+    (lambda p: str(shipped_file(p, name=NAME.replace(".json", "_down.json"))), "(the down projection) alone"),
+    (lambda p: str(shipped_file(p, name=NAME.replace(".json", ",dtype=int8_w8a16.json"))), "not a dtype moebench"),
     (lambda p: str(shipped_file(p)), "no CUDA GPU here"),  # right file, but timing needs a GPU
 ])
 def test_bad_merge_inputs_are_one_line_exit_2_and_write_nothing(run, tmp_path, monkeypatch, shipped, fragment):

@@ -168,6 +168,29 @@ def test_a_folder_leaves_out_other_shapes_and_devices(tmp_path, fake):
     assert "1 table(s) left out" in done.stderr and "shape mismatch" in done.stderr
 
 
+def test_an_sglang_folder_times_its_down_table_on_gemm2_and_leaves_int8_out(tmp_path, fake):
+    """SGLang's ``_down`` table (its entries SGLang's GEMM2 configs) is timed on triton-classic-down, a note saying
+    so; an int8_w8a16 table beside it is left out with a note naming it; --write replaces the stale entry alone,
+    the file's indent (2), missing closing newline and carried USE_TMA kept."""
+    folder = tmp_path / "configs" / "triton_3_8_0"
+    up = write_table(folder, {16: GOOD}, triton=None)
+    down = folder / NAME.replace(".json", "_down.json")
+    tma = {"1": {**GOOD.to_vllm_dict(), "USE_TMA": True}, "16": {**SLOW.to_vllm_dict(), "USE_TMA": True}}
+    down.write_text(json.dumps(tma, indent=2))
+    int8 = write_table(folder, {16: SLOW}, name=NAME.replace(".json", ",dtype=int8_w8a16.json"), triton=None)
+    done = retime_cli(str(tmp_path / "configs"), "--model", "tiny", "--write", "--format", "json", "--out", "runs",
+                      cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    rows = json.loads(done.stdout)["rows"]
+    assert {(Path(r["file"]).name, r["kernel"], r["M"], r["verdict"]) for r in rows} == {
+        (up.name, "triton-classic", 16, "SAME"), (down.name, "triton-classic-down", 1, "SAME"),
+        (down.name, "triton-classic-down", 16, "SLOWER")}
+    assert f"{down.name}: {retime_module.DOWN_NOTE}" in done.stderr
+    assert f"{int8.name}: left out: not a dtype moebench times" in done.stderr
+    assert down.read_text() == json.dumps({**tma, "16": default_config(16, 8, None).to_vllm_dict()}, indent=2)
+    assert up.read_text() == ConfigTable({16: GOOD}).to_json()  # nothing stale: not written
+
+
 def _table_at(tmp_path: Path) -> str:
     return str(write_table(tmp_path / "configs", {16: SLOW}))
 

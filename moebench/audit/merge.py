@@ -45,8 +45,14 @@ class Merge:
 
 def prepare(plan: Planned, shipped: Path) -> Merge:
     """Match ``shipped`` to the table of ``plan`` its file name names; a file that is missing, of no known layout,
+    of a dtype moebench does not time, SGLang's table of GEMM2 alone (an export writes the table of both GEMMs),
     of another kernel form, or of another shape, dtype or device (no planned file of its name) is a UserError."""
     tf = read_table(shipped)
+    if tf.dtype is None:
+        raise UserError(f"--merge-with {shipped}: not a dtype moebench times ({tf.why})")
+    if tf.down:
+        raise UserError(f"--merge-with {shipped}: SGLang's table of GEMM2 (the down projection) alone; a tune's "
+                        f"table drives both GEMMs: merge with {tf.path.name.removesuffix('_down.json')}.json")
     if tf.kernel != plan.fmt.PATH:
         raise UserError(f"--merge-with {shipped}: a {tf.layout} table of the {tf.kernel} kernel; --layout "
                         f"{plan.layout} writes {plan.fmt.PATH} tables")

@@ -3,7 +3,8 @@ untuned default and the times they were tuned with; the drift gate to run before
 
 TABLE | DIR -> ``tables.files`` (layout, configs, E, N, device, dtype; the hidden size and top-k from the shape
 options, the moebench header or the export's sidecar) -> per table and M, the entry and the default of the
-table's kernel form (vLLM, SGLang: triton-classic; moebench: triton) timed back to back (``audit.pairs``) ->
+table's kernel form (vLLM, SGLang: triton-classic; SGLang's ``_down`` table of GEMM2: triton-classic-down, the
+entry on GEMM2 and the default on GEMM1; moebench: triton) timed back to back (``audit.pairs``) ->
 a verdict per M, SLOWER (or FAILED) marking a stale entry -> rows in a run folder; with ``write``, each stale
 entry replaced by the faster of the two timed configs (the default), the other entries kept, the changed
 tables and their sidecars written as one.
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
     from moebench.workers.pools import Pools
 
 STALE = ("SLOWER", "FAILED")  # verdicts of an entry that is worse than the default now
+DOWN_NOTE = ("SGLang's table of GEMM2 (the down projection; GEMM1 runs the table without _down): each entry timed "
+             "on GEMM2, GEMM1 at the default and both at GEMM1's BLOCK_SIZE_M as SGLang runs them, against the "
+             "default on both")
 
 
 @dataclass(frozen=True)
@@ -90,28 +94,36 @@ def plan(targets: Sequence[Path], shape: MoEShape | None = None, hidden_topk: tu
     nothing. ``shape``: the model's (sharded) shape, or ``hidden_topk`` (hidden size, top-k) with E and N from
     each file; neither: each file's header or sidecar. ``device_name``: this GPU (None on the interpreter). A
     file named alone that cannot be re-timed is a UserError (missing, unknown layout, another shape or dtype,
-    no known hidden size); in a folder, tables of another shape, dtype or device are left out with a note."""
+    no known hidden size); in a folder, tables of another shape, dtype or device are left out with a note, and
+    each of a dtype moebench does not time (vLLM's int8_w8a16) with a note of its own."""
     notes = notes if notes is not None else []
     out: list[Planned] = []
     for target in targets:
         target = Path(target)
         folder = target.is_dir()
         skipped: list[str] = []
+        untimed: list[str] = []  # of a dtype moebench does not time: a note each
         paths = table_files(target) if folder else [target]
         for path in paths:
+            tf = read_table(path)
+            if folder and tf.dtype is None:
+                notes.append(f"{path.name}: left out: not a dtype moebench times ({tf.why})")
+                untimed.append(f"{path.name}: not a dtype moebench times")
+                continue
             try:
-                tf = read_table(path)
                 out.append(_plan_one(tf, shape, hidden_topk, dtype, interpreter, device_name, folder))
             except _Skip as e:
                 skipped.append(f"{path.name}: {e}")
                 continue
+            if tf.down:
+                notes.append(f"{path.name}: {DOWN_NOTE}")
             carried = carried_note(tf.table.extras, tf.layout, FORMATS[tf.layout].READER)
             if carried:
                 notes.append(f"{path.name}: {carried}")
         if skipped:
             notes.append(f"{target}: {len(skipped)} table(s) left out; the first: {skipped[0]}")
-        if folder and len(skipped) == len(paths):
-            raise UserError(f"{target}: no table to re-time here ({skipped[0]})")
+        if folder and len(skipped) + len(untimed) == len(paths):
+            raise UserError(f"{target}: no table to re-time here ({(skipped or untimed)[0]})")
     if interpreter and any(p.dtype != p.file.dtype for p in out):
         notes.append("No CUDA GPU: bf16 tables are timed in fp16 on the interpreter (--dtype chooses).")
     return out

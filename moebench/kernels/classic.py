@@ -6,9 +6,10 @@
 4. ``_grouped_gemm`` again, its A rows the slots themselves (top_k = 1) and each row times its routed weight:
    ``cache3 [T, hidden]``; the top-k rows of each token are summed into the output by torch.
 One tile config drives both GEMMs, so its ``BLOCK_SIZE_N`` tiles 2I columns in GEMM1 and hidden in GEMM2, as an
-engine's config file means it. Token counts are ``do_not_specialize`` and the grids are sized from shapes (an
-upper bound on row tiles; programs past the align's used length return at once): no host sync, no recompile
-when M changes. N, K and the strides are runtime ints, so one compiled kernel serves many shapes of a dtype.
+engine's config file means it; a second (``down_config``, SGLang's ``_down`` table) may drive GEMM2, at GEMM1's
+``BLOCK_SIZE_M`` since both read one align. Token counts are ``do_not_specialize`` and the grids are sized from
+shapes (an upper bound on row tiles; programs past the align's used length return at once): no host sync, no
+recompile when M changes. N, K and the strides are runtime ints, so one compiled kernel serves many shapes of a dtype.
 """
 
 from __future__ import annotations
@@ -200,9 +201,14 @@ def classic_moe(
     w13_scale: torch.Tensor | None = None,  # moebench.quant's weight-scale layouts
     w2_scale: torch.Tensor | None = None,
     act_scale: torch.Tensor | None = None,  # [2] float32 static input scales of GEMM1 and GEMM2 ("tensor" only)
+    down_config: TileConfig | None = None,  # GEMM2's, BLOCK_SIZE_M as config's; None: config
 ) -> torch.Tensor:
     """The whole MoE layer in the engines' kernel form, written into ``out``, with no host synchronization."""
     check_config(config, fp8_scheme)
+    down = config if down_config is None else down_config
+    if down is not config:
+        check_config(down, fp8_scheme)
+    assert down.BLOCK_SIZE_M == config.BLOCK_SIZE_M, "both GEMMs read one align: one BLOCK_SIZE_M"
     assert x.stride(1) == 1 and w13.stride(2) == 1 and w2.stride(2) == 1, "last dims must be contiguous"
     assert topk_weights.is_contiguous() and topk_weights.dtype == torch.float32
     assert act_scale is None or fp8_scheme == "tensor", "static activation scales are per tensor"
@@ -230,7 +236,7 @@ def classic_moe(
         cache2, fp8_scheme, None if act_scale is None else act_scale[1:])
 
     cache3 = torch.empty(T, H, device=x.device, dtype=x.dtype)  # [T, H], row = slot
-    _gemm(a2, w2, cache3, a2_scale, w2_scale, topk_weights, align, T, max_pid_m, 1, quant, config)
+    _gemm(a2, w2, cache3, a2_scale, w2_scale, topk_weights, align, T, max_pid_m, 1, quant, down)
 
     sums = cache3.view(M, topk, H)
     if out.dtype == cache3.dtype:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from moebench.errors import UserError
 from moebench.paths.base import MoEPath
+from moebench.paths.classic_down_path import ClassicDownPath
 from moebench.paths.classic_path import ClassicPath
 from moebench.paths.cutlass_path import CutlassPath
 from moebench.paths.torch_ref import TorchReferencePath
 from moebench.paths.triton_path import TritonPath
 
-PATHS: dict[str, MoEPath] = {p.name: p for p in (TritonPath(), ClassicPath(), CutlassPath(), TorchReferencePath())}
+PATHS: dict[str, MoEPath] = {p.name: p for p in (TritonPath(), ClassicPath(), ClassicDownPath(), CutlassPath(),
+                                                 TorchReferencePath())}
 
 
 def get_path(name: str) -> MoEPath:

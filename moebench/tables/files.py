@@ -2,27 +2,31 @@
 of its shape.
 
 file -> layout (a moebench header, else an engine's file name: SGLang where the name's spelling or a
-``triton_<x_y_z>`` folder says so, else vLLM) -> ConfigTable, E, N, device, dtype -> hidden size and top-k from
-the moebench header or from the export's sidecar (``moebench-export.json`` in a folder above the file) -> the
-file's text in its own layout again (``text_of``). ``retime`` and ``export-configs --merge-with`` read tables
-through here. Nothing here loads torch.
+``triton_<x_y_z>`` folder says so, else vLLM) -> ConfigTable, E, N, device, dtype, and whether it is SGLang's
+table of GEMM2 alone (``_down``) -> hidden size and top-k from the moebench header or from the export's sidecar
+(``moebench-export.json`` in a folder above the file) -> the file's text in its own layout again (``text_of``:
+an engine's file keeps its keys' order, the entries not replaced as written, its indent and closing newline).
+``retime`` and ``export-configs --merge-with`` read tables through here. Nothing here loads torch.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moebench.bounded import NotJSON, Refused, read_json
+from moebench.bounded import NotJSON, Refused, parse_json, read_json, read_text
 from moebench.errors import UserError
+from moebench.tables.engine_entry import read_entry
 from moebench.tables.engine_log import parse_log
 from moebench.tables.export import SIDECAR
 from moebench.tables.formats import FORMATS
 from moebench.tables.formats import moebench as moebench_format
-from moebench.tables.table import ConfigTable
+from moebench.tables.table import ENGINE_DOWN_PATH, ConfigTable, engine_table
 
 _TRITON_DIR = re.compile(r"triton_\d+_\d+_\d+")
+_INDENT = re.compile(r"\s*\{[ \t]*\r?\n([ \t]*)")  # the opening brace, a line break, the first key's indent
 NAMES = "an engine's E=..,N=..,device_name=...json or moebench's moebench-tiles_...json"
 
 
@@ -31,7 +35,10 @@ class TableFile:
     """One table file: ``layout`` (a name in ``FORMATS``), the configs, the shape its name says (E, N), the
     device and dtype (moebench's name; None where moebench times no such file, ``why`` says so), and hidden
     size and top-k where its header or sidecar has them (None where not). ``tuned``: per M, the times the
-    sidecar says each entry was picked with; ``tuned_on``: the sidecar's device, dtype and shape for them."""
+    sidecar says each entry was picked with; ``tuned_on``: the sidecar's device, dtype and shape for them.
+    ``down``: SGLang's table of GEMM2 alone (a ``_down`` name; SGLang runs GEMM1 from the file without it).
+    An engine's file keeps what ``text_of`` writes back: its JSON object as read (``raw``), its indent (None:
+    one line) and whether it ends in a newline."""
 
     path: Path
     layout: str
@@ -50,11 +57,16 @@ class TableFile:
     tuned_on: dict = field(default_factory=dict)
     triton_version: str | None = None  # a vLLM file's own "triton_version" entry, kept when it is written again
     header: moebench_format.TableMeta | None = None  # a moebench table's header
+    down: bool = False
+    raw: dict | None = field(default=None, repr=False)
+    indent: str | None = "    "
+    newline: bool = True
 
     @property
     def kernel(self) -> str:
-        """The path whose timings the table's configs mean: the engines' form, or moebench's kernel."""
-        return FORMATS[self.layout].PATH
+        """The path whose timings the table's configs mean: the engines' form (with the config on GEMM2 alone
+        for a ``_down`` table), or moebench's kernel."""
+        return ENGINE_DOWN_PATH if self.down else FORMATS[self.layout].PATH
 
     @property
     def label(self) -> str:
@@ -87,7 +99,8 @@ def read_table(path: Path) -> TableFile:
     if not path.exists():
         raise UserError(f"{path}: no such table file")
     try:
-        raw = read_json(path, gz=False)
+        text = read_text(path, gz=False)
+        raw = parse_json(text, path)
     except NotJSON:
         raise
     except Refused as e:
@@ -100,14 +113,16 @@ def read_table(path: Path) -> TableFile:
         logged = None
     if logged is None or logged.name != path.name:
         raise UserError(f"{path}: unknown layout: not {NAMES}")
-    if logged.down:
-        raise UserError(f"{path}: SGLang's table of the down projection alone; moebench times one config for both "
-                        "GEMMs")
-    sglang = logged.engine == "sglang" or bool(_TRITON_DIR.fullmatch(path.parent.name))
-    version = raw.get("triton_version") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a JSON object keyed by token count M")
+    layout = "sglang" if logged.engine == "sglang" or _TRITON_DIR.fullmatch(path.parent.name) else "vllm"
+    version = raw.get("triton_version")
+    table = engine_table({k: v for k, v in raw.items() if k != "triton_version"}, str(path), layout)
+    indent = _INDENT.match(text)
     return _with_sidecar(TableFile(
-        path, "sglang" if sglang else "vllm", ConfigTable.from_json(path), logged.experts, logged.n,
-        logged.device_name, logged.dtype, logged.why, triton_version=version if isinstance(version, str) else None))
+        path, layout, table, logged.experts, logged.n, logged.device_name, logged.dtype, logged.why,
+        triton_version=version if isinstance(version, str) else None, down=logged.down, raw=raw,
+        indent=indent.group(1) if indent else None, newline=text.endswith("\n")))
 
 
 def _moebench(path: Path) -> TableFile:
@@ -153,14 +168,28 @@ def same_name(tf: TableFile, dtype: str) -> bool:
     (vLLM and SGLang name bf16 and fp16 alike; vLLM fp8 per tensor and per channel alike)."""
     if tf.layout == "moebench":
         return dtype == tf.dtype
-    return FORMATS[tf.layout].file_name(tf.experts, tf.n, tf.device_name, dtype) == tf.path.name
+    name = FORMATS[tf.layout].file_name(tf.experts, tf.n, tf.device_name, dtype)
+    return (name.removesuffix(".json") + "_down.json" if tf.down else name) == tf.path.name
 
 
 def text_of(tf: TableFile, table: ConfigTable) -> str:
-    """``table`` as the text of ``tf``'s file in its layout: a vLLM file keeps its ``triton_version`` entry, a
-    moebench table its header."""
+    """``table`` as the text of ``tf``'s file in its layout: a moebench table with its header; an engine's file
+    as it was read where ``table`` keeps it (its keys in the file's order, a ``triton_version`` where it stood,
+    each entry ``table`` holds unchanged as the file wrote it, its indent and closing newline), an entry
+    replaced written as ``ConfigTable.entry`` gives it, a key new to the file last."""
     if tf.layout == "moebench":
         return moebench_format.table_text(tf.header, table)
-    if tf.layout == "vllm":
-        return table.to_json(tf.triton_version)
-    return table.to_json()
+    if tf.raw is None:
+        return table.to_json(tf.triton_version if tf.layout == "vllm" else None)
+    out: dict = {}
+    for key, value in tf.raw.items():
+        if key == "triton_version":
+            out[key] = value
+            continue
+        m = int(key)
+        if m in table:
+            kept = read_entry(value, tf.layout) == (table[m], table.extras.get(m, {}))
+            out[key] = value if kept else table.entry(m)
+    written = {int(k) for k in out if k != "triton_version"}
+    out.update({str(m): table.entry(m) for m in table.order if m not in written})
+    return json.dumps(out, indent=tf.indent) + ("\n" if tf.newline else "")

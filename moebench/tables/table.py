@@ -22,6 +22,8 @@ from moebench.errors import UserError, short
 from moebench.tile import TileConfig
 
 ENGINE_PATH = "triton-classic"  # the path that runs the engines' kernel form, whose timings pick their configs
+# The same form with the table's config on GEMM2 alone: the path that times SGLang's ``_down`` tables.
+ENGINE_DOWN_PATH = "triton-classic-down"
 
 
 class ConfigTable(Mapping[int, TileConfig]):
@@ -77,10 +79,14 @@ class ConfigTable(Mapping[int, TileConfig]):
         otherwise), vLLM's six keys in its order and then any carried keys, indent 4; with ``triton_version``, a
         last top-level entry naming the Triton the table was tuned with (as vLLM's tuner writes it; vLLM drops it
         when reading, SGLang does not)."""
-        payload: dict = {str(m): {**self._entries[m].to_vllm_dict(), **self.extras.get(m, {})} for m in self.order}
+        payload: dict = {str(m): self.entry(m) for m in self.order}
         if triton_version is not None:
             payload["triton_version"] = triton_version
         return json.dumps(payload, indent=4) + "\n"
+
+    def entry(self, m: int) -> dict:
+        """The entry of M as an engine's file holds it: vLLM's six keys in its order, then any carried keys."""
+        return {**self._entries[m].to_vllm_dict(), **self.extras.get(m, {})}
 
     @classmethod
     def from_json(cls, source: str | Path) -> ConfigTable:
