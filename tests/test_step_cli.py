@@ -184,3 +184,33 @@ def test_an_empty_prompt_list_runs_decode_only(tmp_path):
     assert proc.returncode == 0, proc.stderr
     (run,) = tmp_path.iterdir()
     assert {r["phase"] for r in _rows(run)} == {"decode"}
+
+
+def test_triton_classic_reads_the_engine_file_vllm_would_look_up_in_configs(tmp_path):
+    """--configs holding the file vLLM looks up for the shape (here an export-like file for this machine's
+    device): triton-classic runs its entry nearest M, and the row names the file and key."""
+    from moebench.environment import device_name
+    from moebench.step.config import get_step
+    from moebench.tables.formats import vllm
+
+    moe = get_step("tiny").moe
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    entry = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 2,
+             "num_stages": 2}
+    name = vllm.file_name(moe.experts, moe.intermediate, device_name(), "fp16")
+    (configs / name).write_text(json.dumps({"1": entry, "4096": {**entry, "BLOCK_SIZE_M": 64}}))
+    proc = moebench_in_process("step", "--path", "triton-classic,torch", "--configs", str(configs),
+                               "--out", str(tmp_path / "out"), *SMALL)
+    assert proc.returncode == 0, proc.stderr
+    (run,) = (tmp_path / "out").iterdir()
+    moe_rows = [r for r in _rows(run) if r["part"] == "moe" and r["path"] == "triton-classic"]
+    assert moe_rows and all(r["status"] == "ok" for r in moe_rows), [r["error"] for r in moe_rows]
+    for r in moe_rows:  # M = 8 (prefill) and 2 (decode): both nearest the key 1
+        assert {k: r["config"][k] for k in entry} == entry and r["config_source"] == f"configs:{name}@M=1"
+
+    without = moebench_in_process("step", "--path", "triton-classic,torch", "--out", str(tmp_path / "o2"), *SMALL)
+    assert without.returncode == 0, without.stderr
+    (run,) = (tmp_path / "o2").iterdir()
+    assert {r["config_source"] for r in _rows(run) if r["path"] == "triton-classic" and r["part"] == "moe"} == {
+        "heuristic"}

@@ -58,7 +58,8 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
               help="Layers of the composition check (timed whole against their parts); 0: none. [default: 4]")
 @click.option("--seed", default=0, show_default=True, help="Seed of the weights and inputs.")
 @click.option("--configs", "configs_dir", type=GivenPath(path_type=Path), default=None,
-              help="A folder of moebench tables the triton path's config per M is read from.")
+              help="A folder of tables: the triton path's config per M from moebench's, triton-classic's from the "
+                   "engine file vLLM would look up (its shipped table or an export).")
 @click.option("--tile", "tile_set", multiple=True, metavar="FIELD=VALUE",
               help="Set a field on each of the triton path's configs (as tables pick them), e.g. swap_ab=false: a "
                    "variant of the chosen configs, compared across runs (`moebench compare`).")

@@ -313,7 +313,8 @@ class MoE:
 @dataclass(frozen=True)
 class Tiles:
     """Where the MoE paths' tile configs come from: moebench's kernel from its tables (``configs_dir`` first, as
-    a sweep looks), the engines' form its default; ``fields`` set on each of moebench's configs ((name, value)
+    a sweep looks), the engines' form from the engines' file in ``configs_dir`` (vLLM's name; its shipped table or
+    an export), else its default; ``fields`` set on each of moebench's configs ((name, value)
     pairs, e.g. ``swap_ab`` off) run a variant of the chosen config, and its source says so."""
 
     configs_dir: str | None = None
@@ -324,7 +325,8 @@ class Tiles:
         if not path.tunable:
             return None, None
         if path.name != "triton":
-            return path.default_config(problem), "heuristic"
+            engine = lookup.engine_table_for(problem, self.configs_dir) if path.name == "triton-classic" else None
+            return (path.default_config(problem), "heuristic") if engine is None else (engine.config, engine.label)
         chosen = lookup.for_problem(problem, path.default_config(problem), self.configs_dir)
         if not self.fields:
             return chosen.config, chosen.label

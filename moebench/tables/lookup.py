@@ -175,6 +175,25 @@ def for_problem(problem, heuristic: TileConfig, configs_dir: Path | str | None =
                   hidden=s.hidden, topk=s.topk, fit=s.routed_experts == s.experts)
 
 
+def engine_table_for(problem, configs_dir: Path | str | None) -> Chosen | None:
+    """The entry nearest M of the engines' table for ``problem`` in ``configs_dir`` (the file vLLM looks up for its
+    shape, device and dtype: an engine's shipped file, or an export), for the engines' kernel form; None where
+    there is no such file."""
+    from moebench.environment import device_name
+    from moebench.tables.files import read_table
+    from moebench.tables.formats import vllm
+
+    if configs_dir is None:
+        return None
+    s = problem.shape
+    path = Path(configs_dir) / vllm.file_name(s.experts, s.intermediate, device_name(), problem.dtype)
+    if not path.is_file():
+        return None
+    table = read_table(path).table
+    key = table.nearest_key(problem.M)
+    return Chosen(table[key], "configs", path, key)
+
+
 def choose(M: int, experts: int, n: int, dtype: str, device_name: str, heuristic: TileConfig,
            configs_dir: Path | str | None = None, *, hidden: int, topk: int, fit: bool = True) -> Chosen:
     """The config for M tokens: the nearest key of the first table found, else the fitted default of the
