@@ -38,6 +38,7 @@ def test_every_committed_run_folder_loads_through_the_report_loader(folder):
     ("h200-tables-a103922/qwen3-30b-a3b-bf16", "tuned"),  # a tune with failed candidates
     ("h200-tune-classic-54407e6", "tuned"),
     ("h200-trace-03dae1f/cold", "cold_start"),  # a trace: requests, not benchmark rows
+    ("h100-step-ffc1094/spec/20261208-000240-step-qwen3-30b-a3b-bf16", "ttft"),  # a step: parts, composed
 ])
 def test_report_csv_reads_each_kind_of_committed_folder(folder, table):
     done = moebench_in_process("report", str(RESULTS / folder), "--format", "csv", "--table", table)
