@@ -223,3 +223,44 @@ def test_a_step_row_missing_a_field_is_named(step_run, tmp_path):
     bad = copy_run(run, tmp_path / "bad", lambda r: {k: v for k, v in r.items() if k != "count"})
     with pytest.raises(UserError, match="line 1 is no row: field 'count' is missing"):
         runs.load([bad])
+
+
+# ---- a step read with a trace: the cold start ----------------------------------------------------------------
+
+def _trace_run(folder: Path, excess_ms: list[float], specialize: bool = False, model: str = "tiny") -> Path:
+    """A trace run folder (as ``moebench trace`` writes one) of ``model`` fp16 whose requests paid ``excess_ms``."""
+    folder.mkdir(parents=True)
+    meta = {"schema_version": 1, "status": "complete", "kind": "trace", "model": model, "dtype": "fp16",
+            "cache_mode": "cold", "specialize": specialize, "interpreter": False, "device_name": "cpu"}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    rows = [{"i": i, "M": 8, "config": "16x32x32 w4 s3", "config_source": "heuristic", "latency_ms": 1.0 + x,
+             "warm_ms": 1.0, "excess_ms": x, "compiles": int(x > 0), "compile_kernels": [], "compile_s": [],
+             "from_disk": [], "new_cache_entries": 0} for i, x in enumerate(excess_ms)]
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_a_trace_beside_a_step_gives_the_cold_start_ttft_of_its_triton_prefill_steps(step_run, tmp_path):
+    """The step's torch rows relabelled triton (the path a trace replays); the trace's first request paid 500 ms,
+    requests 2-20 nothing, 21-24 a mean of 25 ms: the cold TTFT is the warm one plus 500 ms, and after the first
+    20 requests the warm one plus 25 ms."""
+    run = copy_run(step_run[0], tmp_path / "step", edit=lambda r: {**r, "path": r["path"] and "triton"}, vs=None)
+    excess = [500.0] + [0.0] * 19 + [0.0, 100.0, 0.0, 0.0]
+    trace = _trace_run(tmp_path / "trace", excess)
+    done = moebench_in_process("report", str(run), str(trace), "--format", "csv", "--table", "cold_start")
+    assert done.returncode == 0, done.stderr
+    (cold,) = pd.read_csv(pd.io.common.StringIO(done.stdout)).to_dict("records")
+    ttft = steps.step_tables(_rows(run))["ttft"].iloc[0]
+    assert (cold["prompt"], cold["cache"], cold["trace"]) == (8, "cold", "trace")
+    assert cold["warm_ttft_ms"] == pytest.approx(ttft["ttft_ms"])
+    assert cold["cold_ttft_ms"] == pytest.approx(ttft["ttft_ms"] + 500.0)
+    assert cold["compile_first_20_ms"] == pytest.approx(25.0) and cold["compile_after_20_ms"] == pytest.approx(25.0)
+    assert cold["ttft_after_20_ms"] == pytest.approx(ttft["ttft_ms"] + 25.0)
+
+
+def test_a_trace_of_another_model_or_a_sweep_beside_a_step_is_refused(step_run, tmp_path):
+    run = copy_run(step_run[0], tmp_path / "step", edit=lambda r: {**r, "path": r["path"] and "triton"})
+    other = _trace_run(tmp_path / "trace", [1.0], model="tiny-mla")
+    done = moebench_in_process("report", str(run), str(other), "--table", "cold_start")
+    assert done.returncode == 2 and "no step run named has its prefill steps" in done.stderr
+    assert moebench_in_process("report", str(step_run[0]), "--table", "cold_start").returncode == 2  # no trace

@@ -77,7 +77,8 @@ def print_tables(df, fmt: str, out, which: str | None = None, traces=(), tuned=N
 
 def print_step_tables(tables: dict, fmt: str, out, which: str | None = None, head: dict | None = None,
                       notes=()) -> None:
-    """A step's tables (``report.steps.step_tables``): ttft, decode and stack, or ``which``. For people, titled
+    """A step's tables (``report.steps.step_tables``): ttft, decode and stack (and cold_start where a trace gave
+    one), or ``which``. For people, titled
     with the model and dtype (their columns left out where there is one of each), ``notes`` under them on
     stderr; CSV is one table (ttft unless ``which`` says another); JSON holds the tables under their names, after
     ``head`` (e.g. the run folder)."""
@@ -86,7 +87,7 @@ def print_step_tables(tables: dict, fmt: str, out, which: str | None = None, hea
     from moebench.report import steps
     from moebench.report.tables import render
 
-    chosen = [which] if which else list(steps.SHOWN)
+    chosen = [which] if which else [*steps.SHOWN, *(["cold_start"] if "cold_start" in tables else [])]
     if fmt == "json":
         emit(json.dumps({**(head or {}), **{k: json.loads(render(tables[k], "json", k)) for k in chosen}}, indent=2))
     elif fmt == "csv":
@@ -105,9 +106,13 @@ def _report_steps(loaded, fmt: str, which: str | None) -> None:
     from moebench.errors import UserError
     from moebench.report import steps
 
-    if which is not None and which not in STEP_TABLES:
-        raise UserError(f"--table {which}: a step run has the tables {', '.join(STEP_TABLES)}")
+    known = (*STEP_TABLES, "cold_start") if loaded.traces else STEP_TABLES
+    if which is not None and which not in known:
+        more = " (cold_start with a trace run named beside)" if which == "cold_start" else ""
+        raise UserError(f"--table {which}: a step run has the tables {', '.join(STEP_TABLES)}{more}")
     tables = steps.run_tables(loaded.steps)
+    if loaded.traces:
+        tables["cold_start"] = steps.cold_start_table(tables["ttft"], loaded.traces)
     rows = [r for run in loaded.steps for r in steps.records(run)]
     print_step_tables(tables, fmt, out_console(), which, notes=steps.notes(rows))
 

@@ -7,7 +7,7 @@ baseline made of several runs of the same sweep, ``results/baselines/...``).
 
 A run is of one kind (``Run.kind``): a sweep's or tune's rows are benchmark points (``Runs.rows``), a trace's
 are requests (``Runs.traces``), a step's are the parts of a model's step (``Runs.steps``, read by
-``report.steps``). Step runs are read only with step runs: their rows share no point with the others'.
+``report.steps``). Step runs are read only with step runs and traces: their rows share no point with a sweep's.
 """
 
 from __future__ import annotations
@@ -212,7 +212,8 @@ def load(paths: list[Path] | tuple[Path, ...]) -> Runs:
     A run with no rows (an empty rows.jsonl; a tune's choice in best.json counts as a row) gets a warning;
     runs that together hold none are a UserError: every command that reads runs needs rows to read. So is a run
     named twice (itself and the folder it is in, say): its rows would count twice. So are step runs named with
-    runs of another kind: a step's parts and a sweep's points are no one table.
+    sweeps or tunes: a step's parts and a sweep's points are no one table (a trace's requests give a step its
+    cold start: ``report.steps.cold_start_table``).
     """
     runs, warnings, seen = [], [], {}  # seen: each run folder, resolved -> as named
     for p in paths:
@@ -225,10 +226,10 @@ def load(paths: list[Path] | tuple[Path, ...]) -> Runs:
             warnings += w
             if run.empty:
                 warnings.append(f"warning: run {folder}: no rows ({rows_file(folder).name} is empty)")
-    steps, others = [r for r in runs if r.kind == "step"], [r for r in runs if r.kind != "step"]
+    steps, others = [r for r in runs if r.kind == "step"], [r for r in runs if r.kind == "sweep"]
     if steps and others:
         raise UserError(f"{steps[0].path} is a step run (moebench step) and {others[0].path} a {others[0].kind} run: "
-                        "step runs are read only with step runs; name them in separate commands")
+                        "step runs are read only with step runs and traces; name them in separate commands")
     if all(run.empty for run in runs):
         names = ", ".join(str(p) for p in paths)
         raise UserError(f"{names}: no rows: the run recorded no point ({ROWS_FILE} is empty), nothing to read")

@@ -31,6 +31,13 @@ PARTS_VIEW = ["model", "dtype", "phase", "batch", "length", "part", "path", "cou
 STEP_KEY = ("model", "dtype", "path", "phase", "batch", "length")  # a composed step: one path at one point
 STEP_COMPARE_COLUMNS = [*STEP_KEY, "base_ms", "new_ms", "ratio", "noise", "verdict"]
 _PHASE_ORDER = {"prefill": 0, "decode": 1}
+COLD_COLUMNS = ["model", "dtype", "path", "batch", "prompt", "cache", "warm_ttft_ms", "first_compile_ms",
+                "cold_ttft_ms", "compile_first_20_ms", "compile_after_20_ms", "ttft_after_20_ms", "trace"]
+COLD_NOTE = ("cold start: the step's warm TTFT plus the compile time a trace (moebench trace: the triton path's MoE "
+             "kernels from an empty Triton cache) measured for its first request, and per request on average among "
+             "the first 20 and after them. The MoE layers share those kernels, so each compile is paid once, not per "
+             "layer; the other parts' kernels are not counted.")
+EARLY = 20  # requests counted as the first ones of a cold start
 
 
 # ---- the tables ---------------------------------------------------------------------------------------------
@@ -112,6 +119,39 @@ def people_view(table: pd.DataFrame, single: bool) -> pd.DataFrame:
 def notes(rows: list[dict]) -> list[str]:
     """What was modelled about the parts (their rows' ``note``), each once, sorted; the stack's note is its table's."""
     return sorted({r["note"] for r in rows if r.get("note") and r["part"] != "stack"})
+
+
+def cold_start_table(ttft: pd.DataFrame, traces: Sequence[Run]) -> pd.DataFrame:
+    """Per trace run and each prefill step of the same model and dtype on the triton path (the path a trace
+    replays) in ``ttft`` (``step_tables``' ttft): the warm TTFT, the first request's TTFT from an empty cache (warm
+    plus that request's compile excess) and the mean excess a request pays among the first ``EARLY`` and after.
+    UserError where a trace's model and dtype match no step."""
+    import pandas as pd
+
+    records = []
+    for run in traces:
+        m = run.meta
+        excess = [float(x) for x in run.rows.sort_values("i")["excess_ms"] if x == x and x is not None]
+        if not excess:
+            continue
+        early, late = excess[:EARLY], excess[EARLY:]
+        late_mean = sum(late) / len(late) if late else None
+        match = ttft[(ttft["model"] == m.get("model")) & (ttft["dtype"] == m.get("dtype")) & (ttft["path"] == "triton")]
+        if match.empty:
+            raise UserError(f"trace {run.label} is of {m.get('model')} {m.get('dtype')}: no step run named has its "
+                            "prefill steps on the triton path")
+        cache = m.get("cache_mode", "?") + (", specialized" if m.get("specialize") else "")
+        for r in match.to_dict("records"):
+            warm = r["ttft_ms"] if r["ttft_ms"] == r["ttft_ms"] else None
+            records.append({"model": r["model"], "dtype": r["dtype"], "path": "triton", "batch": r["batch"],
+                            "prompt": r["prompt"], "cache": cache, "warm_ttft_ms": warm,
+                            "first_compile_ms": excess[0], "cold_ttft_ms": None if warm is None else warm + excess[0],
+                            "compile_first_20_ms": sum(early) / len(early), "compile_after_20_ms": late_mean,
+                            "ttft_after_20_ms": None if warm is None or late_mean is None else warm + late_mean,
+                            "trace": run.label})
+    out = pd.DataFrame(records, columns=COLD_COLUMNS)
+    out.attrs["caption"] = COLD_NOTE
+    return out
 
 
 # ---- comparing two sides ------------------------------------------------------------------------------------
