@@ -87,7 +87,7 @@ def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, b
     from moebench.step import compose
     from moebench.step.config import StepPoint, from_hf, get_step
     from moebench.step.run import StepRequest, run_step, validate
-    from moebench.step.spec import StepEntry, find_step_spec, load_step_spec
+    from moebench.step.spec import StepEntry, StepSpec, find_step_spec, load_step_spec
     from moebench.store.resume import stop_on_sigterm
     from moebench.store.runfolder import check_out_dir
     from moebench.tables.lookup import check_dir
@@ -113,15 +113,16 @@ def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, b
         entries = (StepEntry(model, hf_config, tp or 1, dtype, None if paths is None else _names(paths), vs),)
 
     def pick(flag, spec_value, default):
+        """The flag where given, else the spec's value where it sets one, else the default."""
         return flag if flag is not None else spec_value if spec_value is not None else default
 
-    prompt_lengths = _ints("--prompt", prompts) if prompts is not None else pick(None, plan and plan.prompts,
-                                                                      _ints("--prompt", CPU_PROMPTS if cpu
-                                                                            else GPU_PROMPTS))
-    batch_sizes = _ints("--batch", batches) if batches is not None else pick(None, plan and plan.batches,
-                                                                  _ints("--batch", CPU_BATCHES if cpu else GPU_BATCHES))
-    ctx = pick(context, plan and plan.context, CPU_CONTEXT if cpu else GPU_CONTEXT)
-    per_prefill = pick(prefill_batch, plan and plan.prefill_batch, 1)
+    at = plan or StepSpec("flags", ())  # the points a spec sets (none from flags alone)
+    prompt_lengths = pick(None if prompts is None else _ints("--prompt", prompts), at.prompts,
+                          _ints("--prompt", CPU_PROMPTS if cpu else GPU_PROMPTS))
+    batch_sizes = pick(None if batches is None else _ints("--batch", batches), at.batches,
+                       _ints("--batch", CPU_BATCHES if cpu else GPU_BATCHES))
+    ctx = pick(context, at.context, CPU_CONTEXT if cpu else GPU_CONTEXT)
+    per_prefill = pick(prefill_batch, at.prefill_batch, 1)
     points = tuple(StepPoint("prefill", per_prefill, p) for p in prompt_lengths)
     points += tuple(StepPoint("decode", b, ctx) for b in batch_sizes)
     gbps = compose.DEFAULT_ALLREDUCE_GBPS if allreduce_gbps is None else allreduce_gbps
@@ -141,7 +142,7 @@ def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, b
             raise UserError(f"--tile sets fields of the triton path's configs; {cfg.name} runs {', '.join(names)}")
         request = StepRequest(cfg, e.dtype or ("fp16" if cpu else "bf16"), names, points, vs=e.vs,
                               allreduce_gbps=gbps, allreduce_latency_us=allreduce_us,
-                              stack_layers=pick(stack_layers, plan and plan.stack, 4), seed=seed, configs_dir=configs,
+                              stack_layers=pick(stack_layers, at.stack, 4), seed=seed, configs_dir=configs,
                               tile_fields=fields)
         if request.allreduce_gbps == 0 and cfg.tp > 1:
             raise UserError("--allreduce-gbps must be above 0 with --tp above 1")
