@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install bench first-run-note test check gate clean
+.PHONY: install bench first-run-note test check gate baseline-runs clean
 
 install: $(STAMP)
 
@@ -57,6 +57,21 @@ gate: install
 	rm -rf $(GATE_OUT)
 	$(PY) -m moebench sweep quick --out $(GATE_OUT) --no-progress
 	$(PY) -m moebench compare $(BASELINE) $(GATE_OUT) --fail-slower $(GATE_PCT)
+
+# Runs for a new gate baseline (GPU; docs/reports.md: refreshing the baseline): BASELINE_RUNS quick sweeps, each its
+# own process, into results/baselines/<gpu>-quick-<commit>/, then one more kept apart as a repeat in
+# results/<gpu>-quick-repeat-<commit>/. Run it on two machine starts of the gate's GPU, then point BASELINE at it.
+BASELINE_RUNS ?= 3
+baseline-runs: install
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 2)" || \
+		{ echo "make baseline-runs: no CUDA GPU here; a baseline is made on the gate's GPU" >&2; exit 2; }
+	gpu=$$($(PY) -c "import re, torch; print(re.search(r'[A-Z][0-9]{3}', torch.cuda.get_device_name()).group().lower())") && \
+	commit=$${MOEBENCH_GIT_COMMIT:-$$(git rev-parse --short HEAD)} && \
+	for i in $$(seq $(BASELINE_RUNS)); do \
+		MOEBENCH_GIT_COMMIT=$$commit $(PY) -m moebench sweep quick --out results/baselines/$$gpu-quick-$$commit \
+			--no-progress --format csv >/dev/null || exit 1; done && \
+	MOEBENCH_GIT_COMMIT=$$commit $(PY) -m moebench sweep quick --out results/$$gpu-quick-repeat-$$commit \
+		--no-progress --format csv >/dev/null
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

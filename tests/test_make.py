@@ -54,3 +54,19 @@ def test_test_after_bench_adds_the_dev_extra_only(checkout):
     installs = [x for x in _dry_run(checkout, "test") if "pip install" in x]
     assert installs == [".venv/bin/python -m pip install -q -e '.[dev]'"]
     assert not [x for x in _dry_run(checkout, "bench") if "pip install" in x] and _note(checkout) == ""
+
+
+def test_baseline_runs_sweeps_quick_into_the_baseline_and_repeat_folders_of_the_gpu_and_commit(checkout):
+    """``make baseline-runs``: BASELINE_RUNS quick sweeps into results/baselines/<gpu>-quick-<commit>/, then one
+    into results/<gpu>-quick-repeat-<commit>/, each labelled with the commit (after a GPU check)."""
+    (checkout / ".venv").mkdir()
+    (checkout / ".venv" / ".installed").touch()  # installed: the dry run shows the recipe alone
+    proc = subprocess.run(["make", "-n", "baseline-runs", "BASELINE_RUNS=5"], cwd=checkout, capture_output=True,
+                          text=True, timeout=60, env=ENV)
+    assert proc.returncode == 0, proc.stderr
+    recipe = proc.stdout.replace("\\\n", "")
+    assert "torch.cuda.is_available()" in recipe and "for i in $(seq 5)" in recipe
+    assert recipe.count("-m moebench sweep quick") == 2
+    assert "--out results/baselines/$gpu-quick-$commit" in recipe
+    assert "--out results/$gpu-quick-repeat-$commit" in recipe
+    assert recipe.count("MOEBENCH_GIT_COMMIT=$commit") == 2
