@@ -196,7 +196,8 @@ TEXT_ROLES = {  # files read as text, line by line
     "doctor-m-weights": ("weights.txt", ("doctor", "--model", "tiny", "--dtype", "fp16", "--m-weights", "{f}")),
     "trace-csv": ("prompts.csv", ("trace", "--csv", "{f}", "--out", "out", "--no-progress")),
 }
-YAML_ROLES = {"sweep-spec": ("spec.yaml", ("sweep", "{f}", "--out", "out", "--no-progress"))}
+YAML_ROLES = {"sweep-spec": ("spec.yaml", ("sweep", "{f}", "--out", "out", "--no-progress")),
+              "step-spec": ("spec.yaml", ("step", "{f}", "--out", "out", "--no-progress"))}
 ROWS_ROLES = {  # the rows of a run folder (RUN), under the file name the kind's writer needs
     "report-rows": ("report", "RUN"),
     "plot-rows": ("plot", "RUN", "--out", "out"),

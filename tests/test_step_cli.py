@@ -132,6 +132,7 @@ def test_a_step_spec_runs_each_model_into_its_own_folder(tmp_path):
     ("models:\n  - {model: tiny, flavour: x}\n", (), "unknown key 'flavour'"),
     ("models:\n  - {model: tiny, hf_config: c.json}\n", (), "not both or neither"),
     ("prompt: [0]\nmodels:\n  - {model: tiny}\n", (), "prompt: 0 is not an integer >= 1"),
+    ("stack: 65\nmodels:\n  - {model: tiny}\n", (), "stack: 65 is not an integer from 0 to 64"),  # as --stack
     ("models:\n  - {model: tiny}\n  - {model: no-such-model}\n", (), "no-such-model"),  # the second: nothing run
     ("models:\n  - {model: tiny}\n", ("--model", "tiny"), "--model with a step spec"),
 ])

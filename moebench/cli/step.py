@@ -12,6 +12,7 @@ from moebench.cli.console import FORMATS, GivenPath, NonNegative, note, note_res
 from moebench.dtypes import DTYPE_NAMES
 from moebench.errors import UserError
 from moebench.report.steps import STEP_TABLES
+from moebench.step.spec import MAX_STACK
 
 GPU_PROMPTS, GPU_BATCHES, GPU_CONTEXT = "128,1024,4096", "1,8,64,256", 4096
 CPU_PROMPTS, CPU_BATCHES, CPU_CONTEXT = "16,32", "1,4", 64  # the interpreter's: seconds, not minutes
@@ -54,7 +55,7 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
                    "[default: 450, NVLink 4: docs/step.md]")
 @click.option("--allreduce-us", type=NonNegative(), default=0.0, show_default=True,
               help="Latency of each modelled all-reduce (us).")
-@click.option("--stack", "stack_layers", type=click.IntRange(0, 64), default=None,
+@click.option("--stack", "stack_layers", type=click.IntRange(0, MAX_STACK), default=None,
               help="Layers of the composition check (timed whole against their parts); 0: none. [default: 4]")
 @click.option("--seed", default=0, show_default=True, help="Seed of the weights and inputs.")
 @click.option("--configs", "configs_dir", type=GivenPath(path_type=Path), default=None,

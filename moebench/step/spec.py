@@ -22,6 +22,7 @@ from moebench.bounded import read_yaml
 from moebench.errors import UserError, short
 
 SPECS_DIR = Path(__file__).resolve().parent / "specs"  # the shipped step specs (package data)
+MAX_STACK = 64  # layers of a composition check, as --stack takes them
 TOP_KEYS = {
     "name": "run name",
     "description": "free text",
@@ -80,9 +81,10 @@ def find_step_spec(spec: str | Path) -> Path:
     raise UserError(f"no step spec at {short(str(spec))} and none shipped of that name (shipped: {known})")
 
 
-def _int(value, key: str, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise UserError(f"{key}: {short(value)} is not an integer >= {low}")
+def _int(value, key: str, low: int = 1, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        within = f">= {low}" if high is None else f"from {low} to {high}"
+        raise UserError(f"{key}: {short(value)} is not an integer {within}")
     return value
 
 
@@ -134,7 +136,7 @@ def load_step_spec(path: str | Path) -> StepSpec:
             prefill_batch=_int(opt["prefill_batch"], "prefill_batch") if "prefill_batch" in opt else None,
             batches=_ints(opt["batch"], "batch") if "batch" in opt else None,
             context=_int(opt["context"], "context") if "context" in opt else None,
-            stack=_int(opt["stack"], "stack", low=0) if "stack" in opt else None,
+            stack=_int(opt["stack"], "stack", low=0, high=MAX_STACK) if "stack" in opt else None,
         )
     except UserError as e:
         raise UserError(f"{path}: {e}") from None
