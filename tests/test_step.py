@@ -35,6 +35,18 @@ def test_gqa_kv_heads_replicated_below_tp():
     assert get_step("gpt-oss-120b").notes and "full" in get_step("gpt-oss-120b").notes[0]
 
 
+def test_expert_parallel_splits_whole_experts_over_the_tp_group_through_an_expert_map():
+    """DeepSeek-V3 at TP8 with EP8 (vLLM's --enable-expert-parallel): attention and the shared expert as under TP8,
+    the MoE layer 32 whole experts of 256 with every token's ids over all 256 (an expert_map), top-k kept."""
+    tp, ep = get_step("deepseek-v3", tp=8), get_step("deepseek-v3", tp=8, ep=8)
+    assert ep.name == "deepseek-v3@tp8ep8" and (ep.tp, ep.ep) == (8, 8)
+    assert (ep.heads, ep.shared_intermediate, ep.vocab) == (tp.heads, tp.shared_intermediate, tp.vocab)
+    assert (ep.moe.experts, ep.moe.routed_experts, ep.moe.intermediate, ep.moe.topk) == (32, 256, 2048, 8)
+    assert ep.moe.mapped and not tp.moe.mapped and tp.moe.intermediate == 2048 // 8
+    with pytest.raises(UserError, match="--ep equals --tp"):
+        get_step("deepseek-v3", tp=8, ep=4)
+
+
 @pytest.mark.parametrize("name, tp, says", [
     ("llama-4-scout", 16, "attention heads (40) is not divisible by --tp 16"),  # 40 heads
     ("qwen3-30b-a3b", 3, "not divisible by --tp 3"),  # heads divide by neither

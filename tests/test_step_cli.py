@@ -215,3 +215,19 @@ def test_triton_classic_reads_the_engine_file_vllm_would_look_up_in_configs(tmp_
     (run,) = (tmp_path / "o2").iterdir()
     assert {r["config_source"] for r in _rows(run) if r["path"] == "triton-classic" and r["part"] == "moe"} == {
         "heuristic"}
+
+
+def test_expert_parallel_step_runs_the_moe_layer_through_rank_0s_expert_map(tmp_path):
+    """tiny at --tp 2 --ep 2: 4 of 8 experts on this GPU, the ids over all 8; the MoE rows check against the
+    float32 reference under the same map, and a stack runs the router's real ids through it."""
+    proc = moebench_in_process("step", "--model", "tiny", "--tp", "2", "--ep", "2", "--path", "triton,torch",
+                               "--out", str(tmp_path), *SMALL)
+    assert proc.returncode == 0, proc.stderr
+    (run,) = tmp_path.iterdir()
+    assert run.name.endswith("-step-tiny@tp2ep2-fp16")
+    rows = _rows(run)
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows if r["status"] != "ok"]
+    moe = json.loads((run / "meta.json").read_text())["config"]["moe"]
+    assert (moe["experts"], moe["global_experts"]) == (4, 8)
+    assert {r["part"] for r in rows} >= {"moe", "stack", "allreduce"}
+    assert [r["correct"] for r in rows if r["part"] == "moe" and r["path"] == "triton"] == [True, True]

@@ -36,6 +36,9 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
 @click.option("--hf-config", type=GivenPath(path_type=Path), default=None, help="A Hugging Face config.json.")
 @click.option("--tp", type=click.IntRange(min=1), default=None,
               help="Tensor-parallel degree: one GPU's shard is measured. [default: 1]")
+@click.option("--ep", type=click.IntRange(min=1), default=None,
+              help="Expert-parallel degree, equal to --tp: the MoE layers' experts split over the tensor-parallel "
+                   "GPUs (vLLM's --enable-expert-parallel), each running every token by an expert_map. [default: 1]")
 @click.option("--dtype", default=None, help=f"The MoE layer's dtype: {DTYPE_NAMES} (the other parts run in its "
                                             "activation dtype). [default: bf16; without a GPU fp16]")
 @click.option("--path", "paths", default=None,
@@ -72,7 +75,7 @@ def _ints(flag: str, text: str) -> tuple[int, ...]:
 @click.option("--progress/--no-progress", default=True, help="Show progress on stderr.")
 @click.option("--fresh", is_flag=True,
               help="Start a new run folder even where a stopped run of the same request under --out could resume.")
-def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, batches, context, allreduce_gbps,
+def step(spec, model, hf_config, tp, ep, dtype, paths, vs, prompts, prefill_batch, batches, context, allreduce_gbps,
          allreduce_us, stack_layers, seed, configs_dir, tile_set, out_dir, fmt, which, progress, fresh):
     """Measure one GPU's shard of a served model layer by layer (attention, router, the MoE layer per --path,
     shared expert, dense MLP, LM head), each checked against float32 and timed as sweeps time, and sum it over the
@@ -97,8 +100,8 @@ def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, b
     target = Target.current()
     cpu = target.device.type != "cuda"
     if spec is not None:
-        given = [f for f, v in (("--model", model), ("--hf-config", hf_config), ("--tp", tp), ("--dtype", dtype),
-                                ("--path", paths), ("--vs", vs)) if v is not None]
+        given = [f for f, v in (("--model", model), ("--hf-config", hf_config), ("--tp", tp), ("--ep", ep),
+                                ("--dtype", dtype), ("--path", paths), ("--vs", vs)) if v is not None]
         if given:
             raise UserError(f"{given[0]} with a step spec: the spec names each model's shard and paths")
         plan = load_step_spec(find_step_spec(spec))
@@ -111,7 +114,7 @@ def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, b
                 raise UserError("step one model: give --model or --hf-config (or a step spec)")
             model = "tiny"
         plan = None
-        entries = (StepEntry(model, hf_config, tp or 1, dtype, None if paths is None else _names(paths), vs),)
+        entries = (StepEntry(model, hf_config, tp or 1, dtype, None if paths is None else _names(paths), vs, ep or 1),)
 
     def pick(flag, spec_value, default):
         """The flag where given, else the spec's value where it sets one, else the default."""
@@ -132,7 +135,7 @@ def step(spec, model, hf_config, tp, dtype, paths, vs, prompts, prefill_batch, b
 
     requests = []
     for e in entries:  # every entry checked before any runs: a bad one writes nothing
-        cfg = get_step(e.model, e.tp) if e.model is not None else from_hf(e.hf_config, e.tp)
+        cfg = get_step(e.model, e.tp, e.ep) if e.model is not None else from_hf(e.hf_config, e.tp, e.ep)
         if interpreting() and weight_elements(cfg.moe) > INTERPRETER_MAX_WEIGHTS:
             raise UserError(f"without a GPU only tiny shapes run: {cfg.name} has {weight_elements(cfg.moe):,} MoE "
                             f"weight elements, more than {INTERPRETER_MAX_WEIGHTS:,}; try --model tiny or tiny-mla")

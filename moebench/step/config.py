@@ -52,7 +52,8 @@ class Facts:
 
 @dataclass(frozen=True)
 class StepConfig:
-    """One GPU's shapes of every kind of layer of a model under ``tp``-way tensor parallelism."""
+    """One GPU's shapes of every kind of layer of a model under ``tp``-way tensor parallelism (``ep``: its MoE
+    layers' experts split over the same GPUs instead of their intermediate size)."""
 
     name: str  # e.g. "deepseek-v3@tp8"
     tp: int
@@ -73,6 +74,7 @@ class StepConfig:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     notes: tuple[str, ...] = field(default=())
+    ep: int = 1
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -108,14 +110,21 @@ def _split(what: str, n: int, tp: int, model: str) -> int:
     return n // tp
 
 
-def build(facts: Facts, moe: MoEShape, name: str, tp: int = 1) -> StepConfig:
+def build(facts: Facts, moe: MoEShape, name: str, tp: int = 1, ep: int = 1) -> StepConfig:
     """One GPU's shapes of ``facts`` (with ``moe``, the whole MoE layer) under ``tp``-way tensor parallelism.
 
     Query heads, the dense MLP and the shared expert split ``tp`` ways (each must divide); KV heads split too,
     or, where the model has fewer than ``tp`` (and ``tp`` is a multiple of them), each GPU keeps one, as vLLM
-    replicates them; the LM head's vocab splits ``tp`` ways, rounded up (vocab-parallel)."""
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise UserError(f"--tp must be a positive integer, got {tp!r}")
+    replicates them; the LM head's vocab splits ``tp`` ways, rounded up (vocab-parallel). With ``ep`` (equal to
+    ``tp``: vLLM's ``--enable-expert-parallel`` over the tensor-parallel group) the MoE layer's experts split
+    ``ep`` ways, whole: each GPU runs every token through its experts by an expert_map (``models.shard``'s
+    ``ep_map``), and the all-reduce after the layer sums the GPUs' parts as under TP."""
+    for flag, n in (("--tp", tp), ("--ep", ep)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise UserError(f"{flag} must be a positive integer, got {n!r}")
+    if ep > 1 and ep != tp:
+        raise UserError(f"{name}: --ep {ep} with --tp {tp}: the step models expert parallelism over the "
+                        "tensor-parallel group (vLLM's --enable-expert-parallel), so --ep equals --tp")
     heads = _split("attention heads", facts.heads, tp, name)
     if facts.attention == "mla":
         kv_heads = heads
@@ -130,9 +139,10 @@ def build(facts: Facts, moe: MoEShape, name: str, tp: int = 1) -> StepConfig:
     dense_layers = facts.layers - moe.moe_layers
     if dense_layers < 0:
         raise UserError(f"{name}: {moe.moe_layers} MoE layers exceed its {facts.layers} layers")
-    suffix = f"@tp{tp}" if tp > 1 else ""
+    suffix = (f"@tp{tp}" if tp > 1 else "") + (f"ep{ep}" if ep > 1 else "")
     return StepConfig(
-        name=name + suffix, tp=tp, moe=shard(moe, tp=tp), hidden=moe.hidden, layers=facts.layers,
+        name=name + suffix, tp=tp, ep=ep, moe=shard(moe, ep=ep, ep_map=True) if ep > 1 else shard(moe, tp=tp),
+        hidden=moe.hidden, layers=facts.layers,
         dense_layers=dense_layers, attention=facts.attention, heads=heads, kv_heads=kv_heads,
         head_dim=facts.head_dim, vocab=-(-facts.vocab // tp), dense_intermediate=dense, shared_intermediate=shared,
         q_lora_rank=facts.q_lora_rank, kv_lora_rank=facts.kv_lora_rank, qk_nope_head_dim=facts.qk_nope_head_dim,
@@ -194,8 +204,9 @@ def step_names() -> list[str]:
     return list(FACTS)
 
 
-def get_step(name: str, tp: int = 1) -> StepConfig:
-    """The preset called ``name`` (models' spellings and aliases accepted) at ``tp``-way tensor parallelism."""
+def get_step(name: str, tp: int = 1, ep: int = 1) -> StepConfig:
+    """The preset called ``name`` (models' spellings and aliases accepted) at ``tp``-way tensor parallelism
+    (``ep``: ``build``'s expert parallelism)."""
     key = name.strip().lower()
     if key not in FACTS:
         key = get_model(name).name  # models' aliases, and its one-line refusal of an unknown name
@@ -205,22 +216,23 @@ def get_step(name: str, tp: int = 1) -> StepConfig:
     moe = get_model(facts.moe)
     if moe.shared_experts and not facts.shared_intermediate:
         raise UserError(f"{key}: its MoE layer has shared experts but no shared expert size")
-    return build(facts, moe, key, tp)
+    return build(facts, moe, key, tp, ep)
 
 
 # ---- Hugging Face config.json ------------------------------------------------------------------------------------
 
-def from_hf(path: str | Path, tp: int = 1) -> StepConfig:
+def from_hf(path: str | Path, tp: int = 1, ep: int = 1) -> StepConfig:
     """The shapes a Hugging Face ``config.json`` (the file, or a directory holding it) describes, at ``tp``: its MoE
     layer as ``models.from_hf_config`` reads it, the rest by ``from_hf_fields``."""
     file = Path(path)
     file = file / "config.json" if file.is_dir() else file
     moe = from_hf_config(file)  # the one-line refusals of a missing, unreadable or non-MoE file
     outer = json.loads(file.read_bytes())
-    return from_hf_fields(outer, moe, tp, str(file))
+    return from_hf_fields(outer, moe, tp, str(file), ep)
 
 
-def from_hf_fields(outer: dict[str, Any], moe: MoEShape, tp: int = 1, where: str = "config.json") -> StepConfig:
+def from_hf_fields(outer: dict[str, Any], moe: MoEShape, tp: int = 1, where: str = "config.json",
+                   ep: int = 1) -> StepConfig:
     """The shapes the fields of a config.json dict (``outer``; Llama-4's ``text_config`` merged in) give beside its
     MoE layer ``moe`` (what ``models.from_hf_config`` reads from the same file). UserError, one line naming the
     field, where one is missing or of a form not modelled."""
@@ -270,7 +282,7 @@ def from_hf_fields(outer: dict[str, Any], moe: MoEShape, tp: int = 1, where: str
     facts = Facts(moe.name, layers, heads=heads, vocab=vocab, dense_intermediate=dense if dense_layers else 0,
                   shared_intermediate=shared, notes=tuple(notes), **attn)
     try:
-        return build(facts, moe, moe.name, tp)
+        return build(facts, moe, moe.name, tp, ep)
     except UserError as e:
         raise UserError(f"{where}: {e}") from None
 

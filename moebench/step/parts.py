@@ -23,7 +23,7 @@ import torch
 from moebench.dtypes import get_dtype
 from moebench.paths.registry import get_path
 from moebench.paths.torch_ref import moe_reference
-from moebench.problem import MoEInputs, Problem, Weights, make_inputs, make_weights
+from moebench.problem import MoEInputs, Problem, Weights, make_inputs, make_weights, rank0_map
 from moebench.step import layers
 from moebench.step.config import StepConfig, StepPoint
 from moebench.tables import lookup
@@ -288,7 +288,8 @@ class MoE:
         uniform routing a sweep runs (``make_inputs``)."""
         if routed is None:
             return make_inputs(self.problem(point), self.device, self.weights)
-        return MoEInputs(routed["normed"], routed["weights"], routed["ids"], self.weights)
+        return MoEInputs(routed["normed"], routed["weights"], routed["ids"], self.weights,
+                         rank0_map(self.cfg.moe, self.device))
 
     def prepare(self, point: StepPoint, path_name: str, inputs: MoEInputs, reference: torch.Tensor | None,
                 tiles: Tiles | None = None) -> Prepared:
@@ -307,7 +308,8 @@ class MoE:
         return p
 
     def reference(self, inputs: MoEInputs) -> torch.Tensor:
-        return moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids)
+        return moe_reference(inputs.x, inputs.weights, inputs.topk_weights, inputs.topk_ids,
+                             expert_map=inputs.expert_map)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ ENTRY_KEYS = {
     "model": "a preset name",
     "hf_config": "a Hugging Face config.json (relative to the spec)",
     "tp": "tensor-parallel degree",
+    "ep": "expert-parallel degree (equal to tp: the experts split over the tensor-parallel group)",
     "dtype": "the MoE layer's dtype",
     "paths": "MoE paths",
     "vs": "the path the others are compared against",
@@ -53,6 +54,7 @@ class StepEntry:
     dtype: str | None
     paths: tuple[str, ...] | None
     vs: str | None
+    ep: int = 1
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,8 @@ def _entry(i: int, raw, base: Path) -> StepEntry:
             raise UserError(f"{where}.{key}: {short(raw[key])} is not a name")
     return StepEntry(model=raw.get("model"), hf_config=base / raw["hf_config"] if "hf_config" in raw else None,
                      tp=_int(raw.get("tp", 1), f"{where}.tp"), dtype=raw.get("dtype"),
-                     paths=_names(raw["paths"], f"{where}.paths") if "paths" in raw else None, vs=raw.get("vs"))
+                     paths=_names(raw["paths"], f"{where}.paths") if "paths" in raw else None, vs=raw.get("vs"),
+                     ep=_int(raw.get("ep", 1), f"{where}.ep"))
 
 
 def load_step_spec(path: str | Path) -> StepSpec:
