@@ -28,6 +28,7 @@ from moebench.paths.registry import get_path
 from moebench.paths.torch_ref import moe_reference
 from moebench.problem import MoEInputs, Problem, make_inputs
 from moebench.quant import dequantize_weight
+from moebench.tables.table import ENGINE_DOWN_PATH
 from moebench.tile import TileConfig
 
 GPU = torch.cuda.is_available() and not interpreting()
@@ -190,6 +191,7 @@ def test_the_down_path_runs_its_config_on_gemm2_alone(monkeypatch):
     assert result.correct, f"rel. error {result.rel_err}"
     assert seen[:2] == [default, replace(config, BLOCK_SIZE_M=default.BLOCK_SIZE_M)]
     assert down.default_config(problem) == default
+    assert down.name == ENGINE_DOWN_PATH  # the path a _down table's retime names, spelled once in each folder
 
 
 def test_grouped_gemm_does_not_specialize_token_counts():

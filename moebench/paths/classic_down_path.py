@@ -9,23 +9,24 @@ both take. Its default is the default on both GEMMs, as SGLang runs GEMM2 where 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from moebench.kernels.classic import check_config, classic_moe
 from moebench.paths.classic_path import ClassicPath
 from moebench.problem import MoEInputs, Problem
-from moebench.tables.engine_entry import engine_tile
-from moebench.tables.table import ENGINE_DOWN_PATH
 from moebench.tile import TileConfig
 
 
 def down_config(gemm1: TileConfig, gemm2: TileConfig) -> TileConfig:
-    """``gemm2`` as SGLang runs it after ``gemm1``: the six keys, ``BLOCK_SIZE_M`` GEMM1's."""
-    return engine_tile({**gemm2.to_vllm_dict(), "BLOCK_SIZE_M": gemm1.BLOCK_SIZE_M})
+    """``gemm2`` as SGLang runs it after ``gemm1``: ``BLOCK_SIZE_M`` GEMM1's (an engine file's entry holds the six
+    keys alone, and keeps its class: a ``tables.engine_entry.EngineTile`` stays one)."""
+    return replace(gemm2, BLOCK_SIZE_M=gemm1.BLOCK_SIZE_M)
 
 
 class ClassicDownPath(ClassicPath):
-    name = ENGINE_DOWN_PATH
+    name = "triton-classic-down"  # tables.table.ENGINE_DOWN_PATH: the path a _down table is timed on
 
     def prepare(self, inputs: MoEInputs, problem: Problem, config: TileConfig | None):
         gemm1 = self.default_config(problem)
