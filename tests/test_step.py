@@ -8,7 +8,8 @@ import torch
 
 from moebench.errors import UserError
 from moebench.models import get_model
-from moebench.step import compose
+from moebench.report import compose
+from moebench.step import counts
 from moebench.step.config import StepPoint, from_hf, from_hf_fields, get_step
 from moebench.step.measure import check_part
 from moebench.step.parts import MLP, Attention, Head, MoE, Router
@@ -152,16 +153,16 @@ def test_head_computes_the_last_token_of_each_prompt_only():
 # ---- composition ----------------------------------------------------------------------------------------------------
 
 def test_counts_follow_the_layers():
-    assert compose.counts(get_step("deepseek-v3", 8)) == {"attention": 61, "router": 58, "moe": 58, "shared": 58,
+    assert counts.part_counts(get_step("deepseek-v3", 8)) == {"attention": 61, "router": 58, "moe": 58, "shared": 58,
                                                           "dense_mlp": 3, "head": 1, "allreduce": 122}
-    assert compose.counts(get_step("mixtral-8x7b"))["allreduce"] == 0  # no TP, no all-reduce
+    assert counts.part_counts(get_step("mixtral-8x7b"))["allreduce"] == 0  # no TP, no all-reduce
 
 
 def test_allreduce_model():
     # 8 GPUs, 1000 tokens x 4096 x 2 bytes = 8.192 MB; a ring moves 2 * 7/8 of it: 14.336 MB at 100 GB/s = 143.36 us
-    assert compose.allreduce_us(1000, 4096, 2, 8, 100.0) == pytest.approx(143.36)
-    assert compose.allreduce_us(1000, 4096, 2, 8, 100.0, latency_us=5) == pytest.approx(148.36)
-    assert compose.allreduce_us(1000, 4096, 2, 1, 100.0, latency_us=5) == 0.0
+    assert counts.allreduce_us(1000, 4096, 2, 8, 100.0) == pytest.approx(143.36)
+    assert counts.allreduce_us(1000, 4096, 2, 8, 100.0, latency_us=5) == pytest.approx(148.36)
+    assert counts.allreduce_us(1000, 4096, 2, 1, 100.0, latency_us=5) == 0.0
 
 
 def _row(part, time_us, count, path=None, measured=True, phase="decode", status="ok"):

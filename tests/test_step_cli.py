@@ -8,7 +8,7 @@ import json
 import pytest
 from helpers import moebench_in_process
 
-from moebench.step.rows import STEP_COLUMNS
+from moebench.store.step_rows import STEP_COLUMNS
 
 SMALL = ("--prompt", "8", "--batch", "2", "--context", "16", "--stack", "2", "--no-progress")
 

@@ -15,13 +15,12 @@ import pytest
 from helpers import moebench_in_process
 
 from moebench.errors import UserError
-from moebench.report import runs, steps
+from moebench.report import compose, runs, steps
 from moebench.report.page import render_html
 from moebench.report.step_chart import part_terms
 from moebench.report.tables import INTERPRETER_CAPTION, format_cell
-from moebench.step import compose
 from moebench.step.config import StepPoint, get_step
-from moebench.step.rows import STEP_COLUMNS
+from moebench.store.step_rows import STEP_COLUMNS
 
 QUICK = Path(__file__).resolve().parent / "data" / "h200-quick"  # a sweep run folder
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

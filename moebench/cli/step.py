@@ -88,7 +88,7 @@ def step(spec, model, hf_config, tp, ep, dtype, paths, vs, prompts, prefill_batc
     from moebench.paths.base import Target
     from moebench.paths.registry import get_path
     from moebench.problem import check_seed
-    from moebench.step import compose
+    from moebench.step import counts
     from moebench.step.config import StepPoint, from_hf, get_step
     from moebench.step.run import StepRequest, run_step, validate
     from moebench.step.spec import StepEntry, StepSpec, find_step_spec, load_step_spec
@@ -129,7 +129,7 @@ def step(spec, model, hf_config, tp, ep, dtype, paths, vs, prompts, prefill_batc
     per_prefill = pick(prefill_batch, at.prefill_batch, 1)
     points = tuple(StepPoint("prefill", per_prefill, p) for p in prompt_lengths)
     points += tuple(StepPoint("decode", b, ctx) for b in batch_sizes)
-    gbps = compose.DEFAULT_ALLREDUCE_GBPS if allreduce_gbps is None else allreduce_gbps
+    gbps = counts.DEFAULT_ALLREDUCE_GBPS if allreduce_gbps is None else allreduce_gbps
     configs = None if configs_dir is None else str(check_dir(configs_dir))
     fields = _tile_fields(tile_set)
 

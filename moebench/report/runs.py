@@ -18,7 +18,6 @@ from pathlib import Path
 import pandas as pd
 
 from moebench.errors import UserError
-from moebench.step.rows import PARTS, STEP_COLUMNS
 from moebench.store.best import best_path
 from moebench.store.runfolder import (
     META_FILE,
@@ -31,9 +30,10 @@ from moebench.store.runfolder import (
     schema_warning,
     status_warning,
 )
+from moebench.store.step_rows import PARTS, STEP_COLUMNS
 
 KINDS = ("sweep", "trace", "step")  # a tune's folder is of kind "sweep": its rows are benchmark rows
-# The fields a step row must carry for its step to be composed (``step.compose``).
+# The fields a step row must carry for its step to be composed (``report.compose``).
 _STEP_NEEDS = ("model", "dtype", "phase", "batch", "length", "part", "path", "count", "measured", "status",
                "time_us")
 
@@ -169,7 +169,7 @@ def _kind(meta: dict) -> str:
 
 
 def check_step_row(record: dict) -> str | None:
-    """Why a record of a step run's rows.jsonl is no step row (a field ``step.compose`` reads is missing, or an
+    """Why a record of a step run's rows.jsonl is no step row (a field ``report.compose`` reads is missing, or an
     unknown part), or None."""
     if missing := [c for c in _STEP_NEEDS if c not in record]:
         return f"field '{missing[0]}' is missing (not a moebench step row)"
@@ -181,7 +181,7 @@ def check_step_row(record: dict) -> str | None:
 def _read(path: Path) -> tuple[dict, pd.DataFrame]:
     """(meta, rows) of a run folder: a sweep's or tune's through ``load_run`` (its rows checked as benchmark
     rows); a trace's requests as they are; a step's parts checked as step rows, every column of STEP_COLUMNS
-    present and None kept None (``step.compose`` reads the records back)."""
+    present and None kept None (``report.compose`` reads the records back)."""
     meta_path = path / META_FILE
     meta = read_meta(meta_path) if meta_path.is_file() and rows_file(path).is_file() else {}
     if (kind := _kind(meta)) == "sweep":

@@ -1,7 +1,7 @@
 """Step runs (``moebench step``) as one chart: each composed step as a stacked bar of its parts, per path and point.
 
 A panel per model, dtype and phase (prefill: the TTFT; decode: the time per token); a bar per path at each point,
-stacked by part: the part's time x how many of it the step runs (``step.compose``'s terms, the modelled
+stacked by part: the part's time x how many of it the step runs (``report.compose``'s terms, the modelled
 all-reduces among them), so a bar is as tall as the step's time in the ttft and decode tables. A step lacking a
 part (failed its check, refused) has no time and no bar; the caption counts them.
 """
@@ -14,9 +14,9 @@ import textwrap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from moebench.report import compose
 from moebench.report.runs import Runs
 from moebench.report.steps import check_disjoint, records
-from moebench.step import compose
 
 PART_COLORS = {"attention": "tab:blue", "router": "tab:orange", "moe": "tab:red", "shared": "tab:purple",
                "dense_mlp": "tab:green", "head": "tab:brown", "allreduce": "tab:gray"}

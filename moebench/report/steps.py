@@ -1,10 +1,10 @@
 """What the reports show of step runs (``moebench step``): its four tables, and two sides' composed steps compared.
 
-    step rows -> step.compose per run (with its own --vs) -> step_tables / run_tables: ttft, decode, stack, parts
+    step rows -> report.compose per run (with its own --vs) -> step_tables / run_tables: ttft, decode, stack, parts
     a side's runs -> step_points: per run, each composed step as a point (its time, and the same sum with every
         measured part at its 20th / 80th percentile) -> compare.compare_runs / check_table on STEP_KEY
 
-The tables are the ones ``moebench step`` prints at its end, from the same functions (``step.compose``), so the
+The tables are the ones ``moebench step`` prints at its end, from the same functions (``report.compose``), so the
 command and the report cannot disagree. Importing this module loads no pandas: the command line reads
 STEP_TABLES for its choices.
 """
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from moebench.errors import UserError
-from moebench.step import compose
-from moebench.step.rows import STEP_COLUMNS
+from moebench.report import compose
+from moebench.store.step_rows import STEP_COLUMNS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,7 +43,7 @@ EARLY = 20  # requests counted as the first ones of a cold start
 # ---- the tables ---------------------------------------------------------------------------------------------
 
 def records(run: Run) -> list[dict]:
-    """A step run's rows as the records ``step.compose`` reads (missing values None, as written)."""
+    """A step run's rows as the records ``report.compose`` reads (missing values None, as written)."""
     return run.rows.to_dict("records")
 
 

@@ -25,14 +25,15 @@ from moebench.measure.timer import run_method
 from moebench.paths.base import Target
 from moebench.paths.registry import get_path
 from moebench.problem import Problem, memory_bytes
-from moebench.step import compose
+from moebench.report import compose
 from moebench.step.config import StepConfig, StepPoint
+from moebench.step.counts import DEFAULT_ALLREDUCE_GBPS, allreduce_row, part_counts
 from moebench.step.measure import measure_part, time_closure
 from moebench.step.parts import Tiles
-from moebench.step.rows import STEP_COLUMNS, blank_row
 from moebench.step.stack import Model
 from moebench.store.resume import find_resumable, request_key, stopped_in
 from moebench.store.runfolder import RunWriter, ensure_out_dir, new_run_dir
+from moebench.store.step_rows import STEP_COLUMNS, blank_row
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class StepRequest:
     paths: tuple[str, ...]
     points: tuple[StepPoint, ...]
     vs: str | None = None  # the path the others are compared against
-    allreduce_gbps: float = compose.DEFAULT_ALLREDUCE_GBPS
+    allreduce_gbps: float = DEFAULT_ALLREDUCE_GBPS
     allreduce_latency_us: float = 0.0
     stack_layers: int = 4  # 0: no composition check
     seed: int = 0
@@ -146,14 +147,14 @@ def run_step(request: StepRequest, out_base: Path, on_row: Callable[[dict], None
                 allreduce_latency_us=request.allreduce_latency_us, stack_layers=request.stack_layers,
                 seed=request.seed, configs_dir=request.configs_dir,
                 tile_fields=dict(request.tile_fields) or None, timing_method=run_method(target.interpreter),
-                counts=compose.counts(cfg), request=key)
+                counts=part_counts(cfg), request=key)
     ceilings = None
     if device.type == "cuda" and not target.interpreter:
         ceilings = measure_ceilings()
         meta["ceilings"] = ceilings.as_dict()
     ensure_out_dir(out_base)
     model = Model(cfg, dtype, device, request.seed, request.stack_layers)
-    counts = compose.counts(cfg)
+    counts = part_counts(cfg)
     base = {"model": cfg.name, "dtype": dtype, "interpreter": target.interpreter, "device": meta["device_name"]}
     writer = RunWriter(resumable or new_run_dir(out_base, f"step-{cfg.name.replace('/', '-')}-{dtype}"), meta,
                        resume=resumable is not None, columns=STEP_COLUMNS)
@@ -195,7 +196,7 @@ def run_step(request: StepRequest, out_base: Path, on_row: Callable[[dict], None
             del inputs, ref
             act_bytes = get_dtype(dtype).act_bytes
             if left(point, "allreduce"):
-                keep(compose.allreduce_row(cfg, point, cfg.name, dtype, act_bytes, request.allreduce_gbps,
+                keep(allreduce_row(cfg, point, cfg.name, dtype, act_bytes, request.allreduce_gbps,
                                            request.allreduce_latency_us) | {k: base[k] for k in ("interpreter",
                                                                                                   "device")})
             name = stack_path(request)

@@ -1,8 +1,7 @@
-"""A step's time from its parts' rows: each part's time times how many of it the model runs, summed; the
-all-reduces of tensor parallelism modelled from a bus bandwidth and kept in their own column.
+"""A step's time from its parts' rows (``moebench step``): each part's time times how many of it the model runs
+(its row's ``count``, ``step.counts``), summed; the modelled all-reduces kept in their own column.
 
     step_us      = attention x layers + (router + moe + shared) x MoE layers + dense_mlp x dense layers + head
-    allreduce_us = 2 x layers x (latency + 2 (tp - 1) / tp x tokens x hidden x bytes / bus bandwidth)
     prefill: ttft_ms = (step_us + allreduce_us) / 1000 for ``batch`` prompts of ``length`` tokens
     decode:  tpot_ms = (step_us + allreduce_us) / 1000, tok_s = batch / tpot
 
@@ -15,13 +14,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from moebench.step.config import StepConfig, StepPoint
-from moebench.step.rows import blank_row
-
-# ring all-reduce's bus bandwidth on NVLink 4 (8x H100/H200 SXM, nccl-tests all_reduce_perf at large messages:
-# 460-480 GB/s; NVLink 4 carries 450 GB/s a direction): see docs/step.md
-DEFAULT_ALLREDUCE_GBPS = 450.0
-ALLREDUCES_PER_LAYER = 2  # after the attention's output projection and after the MLP / MoE layer (row-parallel)
 TTFT_COLUMNS = ["model", "dtype", "path", "batch", "prompt", "moe_ms", "step_ms", "allreduce_ms", "ttft_ms",
                 "moe_pct", "layer_vs", "e2e_vs", "missing"]
 DECODE_COLUMNS = ["model", "dtype", "path", "batch", "context", "moe_ms", "step_ms", "allreduce_ms", "tpot_ms",
@@ -30,31 +22,6 @@ STACK_COLUMNS = ["model", "dtype", "path", "phase", "batch", "length", "stack_la
                  "stack_vs_parts"]
 
 
-def counts(cfg: StepConfig) -> dict[str, int]:
-    """How many of each part one step of the model runs (0: the model has none)."""
-    moe = cfg.moe.moe_layers
-    return {"attention": cfg.layers, "router": moe, "moe": moe, "shared": moe if cfg.shared_intermediate else 0,
-            "dense_mlp": cfg.dense_layers, "head": 1, "allreduce": ALLREDUCES_PER_LAYER * cfg.layers if cfg.tp > 1
-            else 0}
-
-
-def allreduce_us(tokens: int, hidden: int, act_bytes: int, tp: int, gbps: float, latency_us: float = 0.0) -> float:
-    """One all-reduce of [tokens, hidden] over ``tp`` GPUs: ``latency_us`` plus a ring's 2 (tp - 1) / tp of the
-    bytes at the bus bandwidth ``gbps`` (GB/s, as nccl-tests reports busbw); 0 without tensor parallelism."""
-    if tp == 1:
-        return 0.0
-    return latency_us + 2 * (tp - 1) / tp * tokens * hidden * act_bytes / (gbps * 1e9) * 1e6
-
-
-def allreduce_row(cfg: StepConfig, point: StepPoint, model: str, dtype: str, act_bytes: int, gbps: float,
-                  latency_us: float) -> dict:
-    """The modelled all-reduce of one point, as a row (``measured`` False, ``count`` all-reduces per step)."""
-    note = (f"modelled: ring all-reduce, {gbps:g} GB/s bus bandwidth, {latency_us:g} us latency each, "
-            f"{ALLREDUCES_PER_LAYER} per layer")
-    return blank_row(model=model, dtype=dtype, phase=point.phase, batch=point.batch, length=point.length,
-                     tokens=point.tokens, part="allreduce", count=counts(cfg)["allreduce"], measured=False,
-                     status="ok", time_us=allreduce_us(point.tokens, cfg.hidden, act_bytes, cfg.tp, gbps, latency_us),
-                     bytes=point.tokens * cfg.hidden * act_bytes, note=note)
 
 
 def _key(r: dict) -> tuple:
