@@ -51,6 +51,9 @@ def test_step_json_for_programs(tmp_path):
     (("--path", "nope"), "unknown path 'nope'"),
     (("--batch", "0"), "--batch '0': expected positive integers"),
     (("--context", "10000000000", "--batch", "64"), "needs"),  # the KV cache alone: more than this machine has
+    (("--model", "tiny", "--tp", "2", "--ep", "4"), "so --ep equals --tp"),  # EP over the TP group only
+    (("--model", "tiny", "--ep", "2"), "--ep 2 with --tp 1"),
+    (("--model", "tiny", "--tp", "2", "--ep", "2", "--path", "cutlass"), "path 'cutlass' cannot run any point"),
 ])
 def test_step_refuses_in_one_line_and_writes_nothing(tmp_path, args, says):
     out = tmp_path / "out"
