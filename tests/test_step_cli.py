@@ -159,7 +159,7 @@ def test_the_shipped_h200_spec_names_the_four_models_at_their_served_shards():
 
 def test_tile_sets_a_field_on_the_triton_paths_chosen_config_and_the_row_says_so(tmp_path):
     proc = moebench_in_process("step", "--path", "triton,torch", "--tile", "swap_ab=on", "--out", str(tmp_path),
-                               *SMALL)
+                               *SMALL, "--stack", "0")
     assert proc.returncode == 0, proc.stderr
     (run,) = tmp_path.iterdir()
     moe = [r for r in _rows(run) if r["part"] == "moe" and r["path"] == "triton"]
@@ -205,7 +205,7 @@ def test_triton_classic_reads_the_engine_file_vllm_would_look_up_in_configs(tmp_
     name = vllm.file_name(moe.experts, moe.intermediate, device_name(), "fp16")
     (configs / name).write_text(json.dumps({"1": entry, "4096": {**entry, "BLOCK_SIZE_M": 64}}))
     proc = moebench_in_process("step", "--path", "triton-classic,torch", "--configs", str(configs),
-                               "--out", str(tmp_path / "out"), *SMALL)
+                               "--out", str(tmp_path / "out"), *SMALL, "--stack", "0")  # the MoE rows alone
     assert proc.returncode == 0, proc.stderr
     (run,) = (tmp_path / "out").iterdir()
     moe_rows = [r for r in _rows(run) if r["part"] == "moe" and r["path"] == "triton-classic"]
@@ -213,7 +213,8 @@ def test_triton_classic_reads_the_engine_file_vllm_would_look_up_in_configs(tmp_
     for r in moe_rows:  # M = 8 (prefill) and 2 (decode): both nearest the key 1
         assert {k: r["config"][k] for k in entry} == entry and r["config_source"] == f"configs:{name}@M=1"
 
-    without = moebench_in_process("step", "--path", "triton-classic,torch", "--out", str(tmp_path / "o2"), *SMALL)
+    without = moebench_in_process("step", "--path", "triton-classic,torch", "--out", str(tmp_path / "o2"), *SMALL,
+                                  "--stack", "0")
     assert without.returncode == 0, without.stderr
     (run,) = (tmp_path / "o2").iterdir()
     assert {r["config_source"] for r in _rows(run) if r["path"] == "triton-classic" and r["part"] == "moe"} == {
