@@ -61,9 +61,7 @@ def compose(rows: list[dict], vs: str | None = None) -> list[dict]:
         for s in steps:
             b = base.get((s["model"], s["dtype"], s["phase"], s["batch"], s["length"]))
             s["layer_vs"] = _ratio(b and b["moe_us"], s["moe_us"])
-            total = None if s["step_us"] is None else s["step_us"] + s["allreduce_us"]
-            b_total = None if b is None or b["step_us"] is None else b["step_us"] + b["allreduce_us"]
-            s["e2e_vs"] = _ratio(b_total, total)
+            s["e2e_vs"] = _ratio(b and total_us(b), total_us(s))
     return steps
 
 
@@ -76,7 +74,7 @@ def _ms(us: float | None) -> float | None:
     return None if us is None else us / 1000
 
 
-def _total_us(s: dict) -> float | None:
+def total_us(s: dict) -> float | None:
     """A step's measured time with its modelled all-reduces; None where a part is missing."""
     return None if s["step_us"] is None else s["step_us"] + s["allreduce_us"]
 
@@ -85,7 +83,7 @@ def _record(s: dict, length: str, total: str, **extra) -> dict:
     """One table record of step ``s``: its length under ``length``, its total time (ms) under ``total``."""
     return {"model": s["model"], "dtype": s["dtype"], "path": s["path"], "batch": s["batch"], length: s["length"],
             "moe_ms": _ms(s["moe_us"]), "step_ms": _ms(s["step_us"]), "allreduce_ms": _ms(s["allreduce_us"]),
-            total: _ms(_total_us(s)), **extra, "moe_pct": _pct(s), "layer_vs": s.get("layer_vs"),
+            total: _ms(total_us(s)), **extra, "moe_pct": _pct(s), "layer_vs": s.get("layer_vs"),
             "e2e_vs": s.get("e2e_vs"), "missing": s["missing"]}
 
 
@@ -96,7 +94,7 @@ def ttft_records(steps: list[dict]) -> list[dict]:
 
 def decode_records(steps: list[dict]) -> list[dict]:
     """The decode table's records: per-token latency (ms) and tokens/s of the batch."""
-    return [_record(s, "context", "tpot_ms", tok_s=None if not (t := _total_us(s)) else s["batch"] / (t * 1e-6))
+    return [_record(s, "context", "tpot_ms", tok_s=None if not (t := total_us(s)) else s["batch"] / (t * 1e-6))
             for s in steps if s["phase"] == "decode"]
 
 

@@ -27,7 +27,8 @@ _PHASES = {"prefill": ("prefill: time to first token", "prompt length (tokens)")
 
 
 def _total_ms(s: dict) -> float | None:
-    return None if s["step_us"] is None else (s["step_us"] + s["allreduce_us"]) / 1000
+    t = compose.total_us(s)
+    return None if t is None else t / 1000
 
 
 def _key(s: dict) -> tuple:

@@ -174,8 +174,9 @@ def step_points(runs: Sequence[Run]) -> pd.DataFrame:
         for s in compose.compose(rows):
             key = _key(s)
             out.append({**dict(zip(STEP_KEY, key, strict=True)), "run": run.label,
-                        "status": _status(s, by_part), "time_us": _total(s),
-                        "time_p20_us": _total(at["p20"][key]), "time_p80_us": _total(at["p80"][key]),
+                        "status": _status(s, by_part), "time_us": compose.total_us(s),
+                        "time_p20_us": compose.total_us(at["p20"][key]),
+                        "time_p80_us": compose.total_us(at["p80"][key]),
                         "interpreter": bool(run.interpreter), "device_name": run.device})
     return pd.DataFrame(out, columns=[*STEP_KEY, "run", "status", "time_us", "time_p20_us", "time_p80_us",
                                       "interpreter", "device_name"])
@@ -183,10 +184,6 @@ def step_points(runs: Sequence[Run]) -> pd.DataFrame:
 
 def _key(s: dict) -> tuple:
     return tuple(s[k] for k in STEP_KEY)
-
-
-def _total(s: dict) -> float | None:
-    return None if s["step_us"] is None else s["step_us"] + s["allreduce_us"]
 
 
 def _at_percentile(rows: list[dict], q: str) -> list[dict]:
