@@ -105,7 +105,6 @@ def step(spec, model, hf_config, tp, ep, dtype, paths, vs, prompts, prefill_batc
         if given:
             raise UserError(f"{given[0]} with a step spec: the spec names each model's shard and paths")
         plan = load_step_spec(find_step_spec(spec))
-        entries = plan.entries
     else:
         if model is not None and hf_config is not None:
             raise UserError("give --model or --hf-config, not both")
@@ -113,20 +112,19 @@ def step(spec, model, hf_config, tp, ep, dtype, paths, vs, prompts, prefill_batc
             if not cpu:
                 raise UserError("step one model: give --model or --hf-config (or a step spec)")
             model = "tiny"
-        plan = None
-        entries = (StepEntry(model, hf_config, tp or 1, dtype, None if paths is None else _names(paths), vs, ep or 1),)
+        one = StepEntry(model, hf_config, tp or 1, dtype, None if paths is None else _names(paths), vs, ep or 1)
+        plan = StepSpec("flags", (one,))  # no points of its own: the flags' and the defaults'
 
     def pick(flag, spec_value, default):
         """The flag where given, else the spec's value where it sets one, else the default."""
         return flag if flag is not None else spec_value if spec_value is not None else default
 
-    at = plan or StepSpec("flags", ())  # the points a spec sets (none from flags alone)
-    prompt_lengths = pick(None if prompts is None else _ints("--prompt", prompts), at.prompts,
+    prompt_lengths = pick(None if prompts is None else _ints("--prompt", prompts), plan.prompts,
                           _ints("--prompt", CPU_PROMPTS if cpu else GPU_PROMPTS))
-    batch_sizes = pick(None if batches is None else _ints("--batch", batches), at.batches,
+    batch_sizes = pick(None if batches is None else _ints("--batch", batches), plan.batches,
                        _ints("--batch", CPU_BATCHES if cpu else GPU_BATCHES))
-    ctx = pick(context, at.context, CPU_CONTEXT if cpu else GPU_CONTEXT)
-    per_prefill = pick(prefill_batch, at.prefill_batch, 1)
+    ctx = pick(context, plan.context, CPU_CONTEXT if cpu else GPU_CONTEXT)
+    per_prefill = pick(prefill_batch, plan.prefill_batch, 1)
     points = tuple(StepPoint("prefill", per_prefill, p) for p in prompt_lengths)
     points += tuple(StepPoint("decode", b, ctx) for b in batch_sizes)
     gbps = counts.DEFAULT_ALLREDUCE_GBPS if allreduce_gbps is None else allreduce_gbps
@@ -134,7 +132,7 @@ def step(spec, model, hf_config, tp, ep, dtype, paths, vs, prompts, prefill_batc
     fields = _tile_fields(tile_set)
 
     requests = []
-    for e in entries:  # every entry checked before any runs: a bad one writes nothing
+    for e in plan.entries:  # every entry checked before any runs: a bad one writes nothing
         cfg = get_step(e.model, e.tp, e.ep) if e.model is not None else from_hf(e.hf_config, e.tp, e.ep)
         if interpreting() and weight_elements(cfg.moe) > INTERPRETER_MAX_WEIGHTS:
             raise UserError(f"without a GPU only tiny shapes run: {cfg.name} has {weight_elements(cfg.moe):,} MoE "
@@ -146,7 +144,7 @@ def step(spec, model, hf_config, tp, ep, dtype, paths, vs, prompts, prefill_batc
             raise UserError(f"--tile sets fields of the triton path's configs; {cfg.name} runs {', '.join(names)}")
         request = StepRequest(cfg, e.dtype or ("fp16" if cpu else "bf16"), names, points, vs=e.vs,
                               allreduce_gbps=gbps, allreduce_latency_us=allreduce_us,
-                              stack_layers=pick(stack_layers, at.stack, 4), seed=seed, configs_dir=configs,
+                              stack_layers=pick(stack_layers, plan.stack, 4), seed=seed, configs_dir=configs,
                               tile_fields=fields)
         if request.allreduce_gbps == 0 and cfg.tp > 1:
             raise UserError("--allreduce-gbps must be above 0 with --tp above 1")

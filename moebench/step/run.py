@@ -117,11 +117,10 @@ def stack_path(request: StepRequest) -> str:
     return (safe or list(request.paths))[0]
 
 
-def step_request(request: StepRequest, target: Target) -> dict:
+def step_request(request: StepRequest, device: str, interpreter: bool) -> dict:
     """What a step run is asked to do, as plain data for ``request_key``: the request and the device; not where
     its folder goes, nor how progress shows."""
-    return {"kind": "step", **asdict(request), "device": describe(target.interpreter)["device_name"],
-            "interpreter": target.interpreter}
+    return {"kind": "step", **asdict(request), "device": device, "interpreter": interpreter}
 
 
 def step_identity(row: dict) -> tuple:
@@ -139,9 +138,9 @@ def run_step(request: StepRequest, out_base: Path, on_row: Callable[[dict], None
     target = target or Target.current()
     why = validate(request, target)
     cfg, dtype, device = request.config, request.dtype, target.device
-    key = request_key(step_request(request, target))
-    resumable = find_resumable(out_base, key) if resume else None  # refuses a folder a live process writes
     meta = describe(target.interpreter)
+    key = request_key(step_request(request, meta["device_name"], target.interpreter))
+    resumable = find_resumable(out_base, key) if resume else None  # refuses a folder a live process writes
     meta.update(kind="step", model=cfg.name, dtype=dtype, config=asdict(cfg), paths=list(request.paths),
                 vs=request.vs, points=[asdict(p) for p in request.points], allreduce_gbps=request.allreduce_gbps,
                 allreduce_latency_us=request.allreduce_latency_us, stack_layers=request.stack_layers,
@@ -194,11 +193,10 @@ def run_step(request: StepRequest, out_base: Path, on_row: Callable[[dict], None
                     ref = moe.reference(inputs)
                 keep(measure_part(moe.prepare(point, name, inputs, ref, request.tiles), row, target, ceilings))
             del inputs, ref
-            act_bytes = get_dtype(dtype).act_bytes
             if left(point, "allreduce"):
-                keep(allreduce_row(cfg, point, cfg.name, dtype, act_bytes, request.allreduce_gbps,
-                                           request.allreduce_latency_us) | {k: base[k] for k in ("interpreter",
-                                                                                                  "device")})
+                modelled = allreduce_row(cfg, point, cfg.name, dtype, get_dtype(dtype).act_bytes,
+                                         request.allreduce_gbps, request.allreduce_latency_us)
+                keep(modelled | {k: base[k] for k in ("interpreter", "device")})
             name = stack_path(request)
             if request.stack_layers and not why[(name, point)] and left(point, "stack", name):
                 keep(_stack_row(model, request, point, at, target, rows))
